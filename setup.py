@@ -1,0 +1,35 @@
+"""tvm_fusion: DNNFusion, Apollo, OptiFX and SmartMem fusion passes for Apache TVM (Relax)."""
+
+from setuptools import find_packages, setup
+
+# The pins are not cosmetic: apache-tvm-ffi 0.1.15.x segfaults in every JSON serialisation
+# (meta_schedule databases, ConvertLayout to NCHW4c, tvm.ir.save_json); see docs/platform.md.
+INSTALL_REQUIRES = [
+    "apache-tvm==0.27.0.post1",
+    "apache-tvm-ffi==0.1.14.post0",
+    "onnx>=1.16",
+    "numpy",
+    "xgboost",
+    "tornado",
+    "cloudpickle",
+    "psutil",
+    "tqdm",
+]
+
+EXTRAS = {
+    "bench": ["onnxruntime", "matplotlib"],
+    "models": ["torch==2.13.0", "transformers", "timm", "onnxscript"],
+    "opencl": ["pyopencl"],
+    "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff", "onnxruntime", "matplotlib"],
+}
+
+setup(
+    name="tvm_fusion",
+    version="0.1.0",
+    description=__doc__,
+    packages=find_packages(include=["tvm_fusion", "tvm_fusion.*"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["tvm-fusion=tvm_fusion.cli:main"]},
+)

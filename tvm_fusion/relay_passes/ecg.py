@@ -1,0 +1,252 @@
+"""The Extended Computational Graph (DNNFusion §3.2) of one Relax dataflow block.
+
+One node per operator binding of a legalized dataflow block (a ``call_tir``, or a Relax call left
+for the VM or a library, which is Opaque). Each node carries what the planner and the report
+need: mapping type (classified at this call site, where we know which arguments are weights),
+output shapes and dtypes, intermediate-result (IRS) bytes, FLOPs, predecessors and successors,
+and whether its result leaves the block. ``TupleGetItem`` bindings are not operators: they alias
+one field of a multi-output node and travel with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax, tirx
+from tvm.ir.expr import GenericConst
+from tvm.s_tir.analysis import estimate_tir_flops
+
+from ..tir_utils import shape_numel
+from .mapping_type import (
+    Classification,
+    FuncAccess,
+    MappingType,
+    analyze_primfunc,
+    classify,
+    relax_mapping_type,
+)
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+@dataclass
+class ECGNode:
+    """One operator of the block."""
+
+    index: int  # position among the block's operators (a topological order)
+    binding_index: int  # position among the block's bindings
+    var: relax.Var
+    op_name: str  # the PrimFunc name, or the Relax op name for opaque calls
+    mapping_type: MappingType
+    reason: str  # why it has that mapping type
+    fusible: bool
+    out_shapes: list[tuple[int, ...] | None]
+    out_dtypes: list[str]
+    irs_bytes: int  # bytes of the result(s) this operator writes
+    flops: int
+    weight_inputs: int  # arguments that are constants (model weights)
+    preds: list[int] = field(default_factory=list)
+    succs: list[int] = field(default_factory=list)
+    is_graph_output: bool = False  # its result (or a field of it) leaves the dataflow block
+
+    @property
+    def name(self) -> str:
+        return self.var.name
+
+    def describe(self) -> str:
+        return f"{self.name}={self.op_name}[{self.mapping_type.short}]"
+
+
+@dataclass
+class ECG:
+    """The graph; ``nodes`` are in binding (topological) order."""
+
+    nodes: list[ECGNode]
+    block: relax.DataflowBlock
+    var_to_node: dict[str, int]  # result vars (and tuple-field aliases) -> node index
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def anchor_bound(self) -> int:
+        """Many-to-Many plus Opaque operators: the fewest kernels if each block holds one."""
+        return sum(n.mapping_type >= MappingType.MANY_TO_MANY for n in self.nodes)
+
+    def irs_bytes_unfused(self) -> int:
+        """Every operator result that is not a graph output is an intermediate result."""
+        return sum(n.irs_bytes for n in self.nodes if not n.is_graph_output)
+
+    def irs_bytes_fused(self, blocks: list[list[int]]) -> int:
+        """Intermediates that survive a plan: block outputs that are not graph outputs."""
+        block_of = {i: b for b, members in enumerate(blocks) for i in members}
+        total = 0
+        for node in self.nodes:
+            if node.is_graph_output:
+                continue
+            if not self.ir_removable(node.index, block_of):
+                total += node.irs_bytes
+        return total
+
+    def ir_removable(self, index: int, block_of: dict[int, int]) -> bool:
+        """DNNFusion's IR_removable: every consumer is in the producer's block."""
+        node = self.nodes[index]
+        if node.is_graph_output or index not in block_of:
+            return False
+        return all(block_of.get(s) == block_of[index] for s in node.succs)
+
+
+class _FuncCache:
+    """Analysis and FLOPs per PrimFunc, shared by every call site of a module."""
+
+    def __init__(self, mod: tvm.IRModule):
+        self.mod = mod
+        self.access: dict[str, FuncAccess] = {}
+        self.flops: dict[str, int] = {}
+
+    def get(self, gvar: tvm.ir.GlobalVar, num_outputs: int) -> tuple[FuncAccess, int]:
+        name = gvar.name_hint
+        if name not in self.access:
+            func = self.mod[gvar]
+            if not isinstance(func, tirx.PrimFunc):
+                self.access[name] = FuncAccess((), 0, f"{name} is not a PrimFunc", fusible=False)
+                self.flops[name] = 0
+            else:
+                self.access[name] = analyze_primfunc(func, num_outputs)
+                try:
+                    self.flops[name] = int(estimate_tir_flops(tvm.IRModule({"main": func})))
+                except Exception:  # FLOPs are advisory; opaque code has none we can count
+                    self.flops[name] = 0
+        return self.access[name], self.flops[name]
+
+
+def build_ecg(
+    mod: tvm.IRModule,
+    block: relax.DataflowBlock,
+    weight_params: frozenset[str] = frozenset(),
+    broadcast_policy: str = "expanding_only",
+    cache: _FuncCache | None = None,
+) -> ECG:
+    """Build the ECG of a legalized dataflow block.
+
+    ``weight_params`` names function parameters that hold weights (``num_input`` convention);
+    constants in the IR are weights too.
+    """
+    cache = cache or _FuncCache(mod)
+    nodes: list[ECGNode] = []
+    var_to_node: dict[str, int] = {}
+    outputs_of_block: set[str] = set()
+    bindings = list(block.bindings)
+
+    for pos, binding in enumerate(bindings):
+        var, value = binding.var, binding.value
+        if not isinstance(var, relax.DataflowVar):
+            outputs_of_block.add(var.name)
+        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
+            owner = var_to_node.get(value.tuple_value.name)
+            if owner is not None:
+                var_to_node[var.name] = owner
+            continue
+        if not isinstance(value, relax.Call):
+            continue
+        node = _make_node(len(nodes), pos, var, value, weight_params, broadcast_policy, cache)
+        if node is None:
+            continue
+        for arg in _call_inputs(value):
+            src = var_to_node.get(arg.name) if isinstance(arg, relax.Var) else None
+            if src is not None and src not in node.preds:
+                node.preds.append(src)
+                nodes[src].succs.append(node.index)
+        nodes.append(node)
+        var_to_node[var.name] = node.index
+
+    # Results that escape: non-dataflow vars, and any node var used by a non-operator binding
+    # (a Tuple, an alias) or by the block's non-dataflow outputs.
+    for pos, binding in enumerate(bindings):
+        value = binding.value
+        is_op = isinstance(value, relax.Call) and binding.var.name in var_to_node and (
+            nodes[var_to_node[binding.var.name]].binding_index == pos
+        )
+        is_alias = isinstance(value, relax.TupleGetItem) and binding.var.name in var_to_node
+        if binding.var.name in outputs_of_block and binding.var.name in var_to_node:
+            nodes[var_to_node[binding.var.name]].is_graph_output = True
+        if is_op or is_alias:
+            continue
+        for used in _free_var_names(value):
+            if used in var_to_node:
+                nodes[var_to_node[used]].is_graph_output = True
+    return ECG(nodes, block, var_to_node)
+
+
+def _make_node(index, pos, var, call, weight_params, policy, cache) -> ECGNode | None:
+    out_shapes, out_dtypes = _result_types(var.ty)
+    numel_bytes = sum(
+        (shape_numel(s) or 0) * _dtype_bytes(dt) for s, dt in zip(out_shapes, out_dtypes)
+    )
+    args = _call_inputs(call)
+    weights = {
+        i for i, a in enumerate(args)
+        if isinstance(a, GenericConst) or (isinstance(a, relax.Var) and a.name in weight_params)
+    }
+    if call.op.same_as(_CALL_TIR):
+        gvar = call.args[0]
+        access, flops = cache.get(gvar, max(len(out_shapes), 1))
+        found: Classification = classify(access, frozenset(weights), policy)
+        op_name, fusible = gvar.name_hint, access.fusible
+    else:
+        if not _is_tensor_op(call):
+            return None
+        found = relax_mapping_type(call)
+        op_name = call.op.name if isinstance(call.op, tvm.ir.Op) else str(call.op)
+        flops, fusible = 0, False
+    fusible = fusible and found.mapping_type is not MappingType.OPAQUE
+    return ECGNode(
+        index=index, binding_index=pos, var=var, op_name=op_name,
+        mapping_type=found.mapping_type, reason=found.reason, fusible=fusible,
+        out_shapes=out_shapes, out_dtypes=out_dtypes, irs_bytes=numel_bytes, flops=flops,
+        weight_inputs=len(weights),
+    )
+
+
+def _is_tensor_op(call: relax.Call) -> bool:
+    """Calls that compute tensors (kernels), as opposed to shape or VM bookkeeping."""
+    ty = call.ty
+    return isinstance(ty, (relax.TensorType, relax.TupleType)) if ty is not None else False
+
+
+def _call_inputs(call: relax.Call) -> list:
+    if call.op.same_as(_CALL_TIR):
+        args = call.args[1]
+        return list(args.fields) if isinstance(args, relax.Tuple) else [args]
+    flat = []
+    for arg in call.args:
+        flat.extend(arg.fields if isinstance(arg, relax.Tuple) else [arg])
+    return flat
+
+
+def _free_var_names(expr) -> set[str]:
+    return {v.name for v in relax.analysis.free_vars(expr)}
+
+
+def _result_types(ty) -> tuple[list, list[str]]:
+    if isinstance(ty, relax.TupleType):
+        shapes, dtypes = [], []
+        for field_ty in ty.fields:
+            s, d = _result_types(field_ty)
+            shapes += s
+            dtypes += d
+        return shapes, dtypes
+    if isinstance(ty, relax.TensorType):
+        shape = None
+        if ty.shape is not None and hasattr(ty.shape, "values"):
+            dims = [int(d) if isinstance(d, (int, tirx.IntImm)) else None for d in ty.shape.values]
+            shape = tuple(dims) if all(d is not None for d in dims) else None
+        return [shape], [str(ty.dtype)]
+    return [], []
+
+
+def _dtype_bytes(dtype: str) -> int:
+    if dtype == "bool":
+        return 1
+    bits = "".join(ch for ch in dtype if ch.isdigit())
+    return max(int(bits) // 8, 1) if bits else 4

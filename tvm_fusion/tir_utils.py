@@ -1,0 +1,118 @@
+"""Small TIR helpers that TVM 0.27 no longer exposes to Python.
+
+`tirx.stmt_functor.post_order_visit` is gone from the 0.27 Python API, so we walk TIR objects
+through tvm-ffi reflection: every node type lists its fields, which is enough for a generic,
+read-only traversal. Buffers, vars and spans are leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import tvm
+from tvm import tirx
+from tvm.s_tir import SBlock
+
+_LEAF_KEYS = frozenset({"ir.Var", "ir.GlobalVar", "ir.Span", "ir.SourceName", "ir.Op"})
+# Type annotations carry shapes, not accesses: never descend into them.
+_SKIP_FIELDS = frozenset({"span", "ty"})
+_FIELDS_CACHE: dict[type, tuple[str, ...]] = {}
+
+
+def _fields(obj) -> tuple[str, ...]:
+    cls = type(obj)
+    names = _FIELDS_CACHE.get(cls)
+    if names is None:
+        collected: list[str] = []
+        info = getattr(cls, "__tvm_ffi_type_info__", None)
+        while info is not None:
+            collected.extend(f.name for f in info.fields if f.name not in _SKIP_FIELDS)
+            info = info.parent_type_info
+        names = tuple(collected)
+        _FIELDS_CACHE[cls] = names
+    return names
+
+
+def _is_leaf(obj) -> bool:
+    info = getattr(type(obj), "__tvm_ffi_type_info__", None)
+    return info is None or info.type_key in _LEAF_KEYS
+
+
+def walk(node, visit: Callable[[object], bool | None]) -> None:
+    """Pre-order walk over a TIR statement or expression.
+
+    ``visit(obj)`` returning False prunes the sub-tree below ``obj``.
+    """
+    stack = [node]
+    while stack:
+        obj = stack.pop()
+        if obj is None or isinstance(obj, (int, float, str, bool)):
+            continue
+        if isinstance(obj, (list, tuple)) or type(obj).__name__ == "Array":
+            stack.extend(reversed(list(obj)))
+            continue
+        if type(obj).__name__ == "Map":
+            stack.extend(list(obj.values()))
+            continue
+        if visit(obj) is False or _is_leaf(obj):
+            continue
+        for name in reversed(_fields(obj)):
+            try:
+                stack.append(getattr(obj, name))
+            except Exception:  # a field without a Python getter: nothing to visit
+                continue
+
+
+def find_all(node, cls) -> list:
+    """All sub-objects of ``node`` that are instances of ``cls``, in pre-order."""
+    found: list = []
+    walk(node, lambda obj: found.append(obj) if isinstance(obj, cls) else None)
+    return found
+
+
+def iter_sblocks(func: tirx.PrimFunc) -> Iterator[SBlock]:
+    """The schedulable blocks of a PrimFunc, excluding the implicit root block."""
+    for block in find_all(func.body, SBlock):
+        if block.name_hint != "root":
+            yield block
+
+
+def has_extern_call(node) -> bool:
+    """True when the code calls out of TIR (packed/extern functions): such code is opaque."""
+    opaque_ops = {"tvm_call_packed", "tvm_call_cpacked", "tvm_call_packed_lowered",
+                  "tvm_call_cpacked_lowered", "call_extern", "call_pure_extern"}
+    for call in find_all(node, tvm.ir.Call):
+        op = call.op
+        if isinstance(op, tvm.ir.Op) and op.name.rsplit(".", 1)[-1] in opaque_ops:
+            return True
+    return False
+
+
+def buffer_loads(node) -> list:
+    """Every buffer load (``ir.TensorLoad`` in 0.27; its buffer is ``.source``) under ``node``."""
+    return find_all(node, tvm.ir.expr.TensorLoad)
+
+
+def buffer_stores(node) -> list:
+    """Every ``BufferStore`` under ``node``."""
+    return find_all(node, tirx.stmt.BufferStore)
+
+
+def const_int(expr) -> int | None:
+    """The value of an integer constant expression, else None."""
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, tirx.IntImm):
+        return int(expr.value)
+    return None
+
+
+def shape_numel(shape) -> int | None:
+    """Number of elements of a static shape, None when a dimension is symbolic."""
+    total = 1
+    for dim in shape:
+        value = const_int(dim)
+        if value is None:
+            return None
+        total *= value
+    return total

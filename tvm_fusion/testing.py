@@ -661,6 +661,11 @@ class _DagBuilder:
         self._n += 1
         return f"{prefix}{self._n}"
 
+    def unread(self) -> list[str]:
+        """Tensors no node reads yet."""
+        read = {i for n in self.nodes for i in n.input}
+        return [t for t in self.order if t not in read]
+
     def add_input(self, name: str, shape) -> None:
         self.shape[name], self.bound[name] = tuple(shape), 4.0
         self.order.append(name)
@@ -726,9 +731,11 @@ def random_dag_models(max_nodes: int = 12):
         def operand(first: bool = False) -> str:
             if first:
                 return "x"  # the first node reads x, so x is never pruned away
-            if draw(st.booleans()):
-                return b.order[-1]
-            return b.order[draw(st.integers(0, len(b.order) - 1))]
+            how = draw(st.integers(0, 2))
+            # Prefer the newest tensor or an unread one, so few nodes end up pruned as dead.
+            pool = b.order[-1:] if how == 0 else b.unread() if how == 1 else b.order
+            pool = pool or b.order
+            return pool[draw(st.integers(0, len(pool) - 1))]
 
         while len(b.nodes) < target:
             t = operand(first=not b.nodes)
@@ -745,6 +752,14 @@ def random_dag_models(max_nodes: int = 12):
             kind = draw(st.sampled_from(kinds))
             _emit_random_op(draw, st, b, kind, t)
         outputs = [b.order[-1]]
+        # Fold unread leaves into the main output where shapes allow, instead of pruning them.
+        for leaf in b.unread():
+            if leaf == outputs[0] or len(b.nodes) >= max_nodes:
+                continue
+            out_shape = b.shape[outputs[0]]
+            bound = b.bound[outputs[0]] + b.bound[leaf]
+            if _broadcast(out_shape, b.shape[leaf]) == out_shape and bound <= _MAX_BOUND:
+                (outputs[0],) = b.node("Add", [outputs[0], leaf], [out_shape], [bound])
         produced = [o for n in b.nodes for o in n.output if o != outputs[0]]
         if produced and draw(st.booleans()):
             outputs.append(produced[draw(st.integers(0, len(produced) - 1))])

@@ -1,0 +1,309 @@
+"""DNNFusion's fusion-plan generation (PLDI'21 §4.3, Listing 1), with the listing's bugs fixed.
+
+Seeds are unfused One-to-One operators, smallest intermediate result first (ties by topological
+order). From a seed the block grows along successors, then predecessors; every step checks the
+block's *accumulated* mapping type against Table 3: red stops, green fuses, yellow asks a
+profitability oracle. Deviations from the listing, each a knob or a documented fix:
+
+* the listing only explores the seed's predecessors; we explore predecessors and successors of
+  every member until nothing more fuses, or transposes feeding a matmul could never join any
+  block (they are never seeds);
+* ``seed_policy="o2o_then_rest"`` (default) keeps seeding from leftover fusible operators once
+  no One-to-One operator is left (Reorganize/Shuffle first, then One-to-Many, then
+  Many-to-Many), so a ``transpose → matmul`` pair with no elementwise neighbour still fuses;
+  ``"paper"`` stops when no One-to-One operator is left;
+* a step that would make the block's kernel depend on itself through an outside operator (a
+  cycle) is rejected; the paper does not mention cycles, TVM's FuseOps avoids them with
+  post-dominators.
+
+Every rejected pair is recorded with its reason, for ``tvm-fusion report --why``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .ecg import ECG, ECGNode
+from .fusion_table import Colour, FusionTable
+from .mapping_type import MappingType
+
+SEED_POLICIES = ("o2o_then_rest", "paper")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A yellow-cell verdict and what decided it (``analytic``, ``db``, ``measure``, ``model``)."""
+
+    fuse: bool
+    source: str
+    detail: str
+
+
+class ProfitabilityOracle(Protocol):
+    """Decides yellow (fuse_depend) cells: is ``block + node`` faster than the two apart?"""
+
+    def decide(self, ecg: ECG, block: list[int], node: int, producer_first: bool) -> Decision:
+        ...
+
+
+@dataclass
+class AnalyticOracle:
+    """Default oracle until a profiling database exists: bytes saved vs recomputation.
+
+    Fusing removes the intermediate's write and read (2 × its bytes) when no consumer outside the
+    block needs it, and recomputes the producer once per extra read when the consumer replicates
+    (One-to-Many: ``out/in`` elements). It fuses when the saved bytes, weighted by
+    ``flops_per_byte`` (about the ridge point of a CPU roofline), pay for the recomputed FLOPs.
+    """
+
+    flops_per_byte: float = 10.0
+
+    def decide(self, ecg: ECG, block: list[int], node: int, producer_first: bool) -> Decision:
+        new = ecg.nodes[node]
+        members = set(block)
+        if producer_first:  # the block produces, ``new`` consumes
+            producers = [ecg.nodes[p] for p in new.preds if p in members]
+            consumer = new
+        else:
+            producers = [new]
+            consumer = None
+        saved = 0
+        recompute = 0
+        for prod in producers:
+            cons = consumer or next(
+                (ecg.nodes[s] for s in prod.succs if s in members), None)
+            inside = members | {node}
+            if all(s in inside for s in prod.succs) and not prod.is_graph_output:
+                saved += 2 * prod.irs_bytes
+            factor = _replication(prod, cons)
+            recompute += int(max(factor - 1.0, 0.0) * prod.flops)
+        fuse = saved * self.flops_per_byte >= recompute
+        detail = f"saves {saved} B, recomputes {recompute} FLOPs"
+        return Decision(fuse, "analytic", detail)
+
+
+def _replication(producer: ECGNode, consumer: ECGNode | None) -> float:
+    """How many times the consumer reads each producer element (1 unless it expands)."""
+    if consumer is None or consumer.mapping_type is not MappingType.ONE_TO_MANY:
+        return 1.0
+    out = sum(_numel(s) for s in consumer.out_shapes)
+    inp = sum(_numel(s) for s in producer.out_shapes) or 1
+    return max(out / inp, 1.0)
+
+
+def _numel(shape) -> int:
+    total = 1
+    for d in shape or ():
+        total *= d
+    return total
+
+
+@dataclass
+class PlanOptions:
+    """Planner knobs; defaults are the paper's where it gives one (it gives few)."""
+
+    table: FusionTable = field(default_factory=FusionTable)
+    oracle: ProfitabilityOracle = field(default_factory=AnalyticOracle)
+    max_ops_per_block: int = 64  # the paper's "empirical threshold"; TVM's max_depth is 256
+    seed_policy: str = "o2o_then_rest"
+
+    def __post_init__(self):
+        if self.seed_policy not in SEED_POLICIES:
+            raise ValueError(
+                f"unknown seed_policy {self.seed_policy!r}; expected one of {SEED_POLICIES}")
+        if int(self.max_ops_per_block) < 1:
+            raise ValueError(f"max_ops_per_block must be >= 1, got {self.max_ops_per_block}")
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why ``first`` and ``second`` (producer, consumer) ended up in different kernels."""
+
+    first: str
+    second: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class YellowDecision:
+    first: str
+    second: str
+    decision: Decision
+
+
+@dataclass
+class FusionBlock:
+    members: list[int]  # ECG node indices, in topological order
+    mapping_type: MappingType
+    seed: int
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
+@dataclass
+class FusionPlan:
+    ecg: ECG
+    blocks: list[FusionBlock]
+    rejections: list[Rejection]
+    yellow: list[YellowDecision]
+
+    @property
+    def num_kernels(self) -> int:
+        return len(self.blocks)
+
+    def groups(self) -> list[list[int]]:
+        return [b.members for b in self.blocks]
+
+
+def plan_dnnfusion(ecg: ECG, options: PlanOptions | None = None) -> FusionPlan:
+    """Run the DNNFusion planner on one ECG."""
+    return _Planner(ecg, options or PlanOptions()).run()
+
+
+class _Planner:
+    def __init__(self, ecg: ECG, options: PlanOptions):
+        self.ecg = ecg
+        self.opt = options
+        self.block_of: dict[int, int] = {}
+        self.blocks: list[FusionBlock] = []
+        self.spans: list[tuple[int, int]] = []  # (min, max) index of each finished block
+        self.rejections: dict[tuple[int, int], str] = {}
+        self.yellow: list[YellowDecision] = []
+
+    # -------------------------------------------------------------------------------- driver
+
+    def run(self) -> FusionPlan:
+        ecg = self.ecg
+        heap = [(n.irs_bytes, n.index) for n in ecg.nodes
+                if n.fusible and n.mapping_type is MappingType.ONE_TO_ONE]
+        heapq.heapify(heap)
+        while heap:
+            _, idx = heapq.heappop(heap)
+            if idx not in self.block_of:
+                self._grow(idx)
+        if self.opt.seed_policy == "o2o_then_rest":
+            rest = sorted((n for n in ecg.nodes if n.fusible and n.index not in self.block_of),
+                          key=lambda n: (n.mapping_type, n.irs_bytes, n.index))
+            for node in rest:
+                if node.index not in self.block_of:
+                    self._grow(node.index)
+        for node in ecg.nodes:
+            if node.index not in self.block_of:
+                self._open(node.index)
+                self._close()
+        blocks = sorted(self.blocks, key=lambda b: b.members[0])
+        rejections = [
+            Rejection(ecg.nodes[a].describe(), ecg.nodes[b].describe(), why)
+            for (a, b), why in sorted(self.rejections.items())
+            if self.block_of.get(a) != self.block_of.get(b)
+        ]
+        return FusionPlan(ecg, blocks, rejections, self.yellow)
+
+    def _open(self, seed: int) -> None:
+        self.current = FusionBlock([seed], self.ecg.nodes[seed].mapping_type, seed)
+        self.members = {seed}
+        self.block_of[seed] = len(self.blocks)
+
+    def _close(self) -> None:
+        self.current.members.sort()
+        self.blocks.append(self.current)
+        m = self.current.members
+        bisect.insort(self.spans, (m[0], m[-1]))
+
+    def _grow(self, seed: int) -> None:
+        """Listing 1 steps 2 and 3 from one seed, repeated over every member to a fixed point."""
+        self._open(seed)
+        frontier = deque([seed])
+        while frontier:
+            idx = frontier.popleft()
+            node = self.ecg.nodes[idx]
+            for succ in node.succs:
+                if self._try_add(succ, producer_first=True, via=idx):
+                    frontier.append(succ)
+            for pred in node.preds:
+                if self._try_add(pred, producer_first=False, via=idx):
+                    frontier.append(pred)
+        self._close()
+
+    # ------------------------------------------------------------------------------ one step
+
+    def _try_add(self, idx: int, producer_first: bool, via: int) -> bool:
+        if idx in self.members:
+            return False
+        ecg, blk = self.ecg, self.current
+        new = ecg.nodes[idx]
+        pair = (via, idx) if producer_first else (idx, via)
+
+        def reject(reason: str) -> bool:
+            self.rejections.setdefault(pair, reason)
+            return False
+
+        if idx in self.block_of:
+            return reject("already in another block")
+        if not new.fusible:
+            return reject(f"{new.op_name} is opaque: {new.reason}")
+        first, second = (blk.mapping_type, new.mapping_type) if producer_first else (
+            new.mapping_type, blk.mapping_type)
+        cell = self.opt.table.lookup(first, second)
+        if cell.colour is Colour.RED:
+            return reject(f"Table 3 red: block {first.short} then {second.short}")
+        if len(blk.members) >= self.opt.max_ops_per_block:
+            return reject(f"constraint: block already has {self.opt.max_ops_per_block} ops")
+        if self._creates_cycle(idx):
+            return reject("would form a cycle through an operator outside the block")
+        if cell.colour is Colour.YELLOW:
+            decision = self.opt.oracle.decide(ecg, blk.members, idx, producer_first)
+            self.yellow.append(YellowDecision(
+                ecg.nodes[pair[0]].describe(), ecg.nodes[pair[1]].describe(), decision))
+            if not decision.fuse:
+                return reject(f"yellow, {decision.source} says slower: {decision.detail}")
+        blk.members.append(idx)
+        blk.mapping_type = cell.fused
+        self.members.add(idx)
+        self.block_of[idx] = len(self.blocks)
+        return True
+
+    def _creates_cycle(self, idx: int) -> bool:
+        """Would block ∪ {idx} reach itself through an outside operator or finished block?
+
+        Finished blocks are single kernels, so entering one at any member lets a path leave
+        from any other member. Paths only move to higher indices except through such jumps,
+        so nodes above ``limit`` (closed over the spans of blocks that start below it) cannot
+        come back and are pruned.
+        """
+        ecg = self.ecg
+        inside = self.members | {idx}
+        limit = self._limit(max(inside))
+        seen: set[int] = set()
+        todo = [s for m in inside for s in ecg.nodes[m].succs if s not in inside]
+        while todo:
+            cur = todo.pop()
+            if cur in seen or cur > limit:
+                continue
+            seen.add(cur)
+            nxt = list(ecg.nodes[cur].succs)
+            owner = self.block_of.get(cur)
+            if owner is not None and owner < len(self.blocks):
+                for member in self.blocks[owner].members:
+                    if member not in seen:
+                        seen.add(member)
+                        nxt.extend(ecg.nodes[member].succs)
+            for s in nxt:
+                if s in inside:
+                    return True
+                if s not in seen:
+                    todo.append(s)
+        return False
+
+    def _limit(self, start: int) -> int:
+        limit = start
+        for lo, hi in self.spans:
+            if lo > limit:
+                break
+            limit = max(limit, hi)
+        return limit

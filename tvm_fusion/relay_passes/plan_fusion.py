@@ -1,0 +1,122 @@
+"""``PlanFusion``: the FuseOps replacement. Plans every dataflow block, then outlines the groups.
+
+``strategy="dnnfusion"`` runs the DNNFusion planner on each block's ECG; ``"tvm"`` runs stock
+``relax.transform.FuseOps`` so both can be compared in one run. Either way the result holds
+``Primitive`` functions for ``FuseTIR``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+
+from .ecg import _FuncCache, build_ecg
+from .fusion_plan import FusionPlan, PlanOptions, plan_dnnfusion
+from .grouping import group_bindings
+
+STRATEGIES = ("dnnfusion", "tvm")
+
+
+@dataclass
+class ModulePlan:
+    """The plans of every dataflow block of a module, keyed by (function name, block index)."""
+
+    plans: dict[tuple[str, int], FusionPlan] = field(default_factory=dict)
+
+    @property
+    def num_kernels(self) -> int:
+        return sum(p.num_kernels for p in self.plans.values())
+
+    @property
+    def num_operators(self) -> int:
+        return sum(len(p.ecg) for p in self.plans.values())
+
+    @property
+    def anchor_bound(self) -> int:
+        return sum(p.ecg.anchor_bound() for p in self.plans.values())
+
+
+def weight_param_names(func: relax.Function) -> frozenset[str]:
+    """Parameters after the ``num_input`` attribute hold weights (``from_onnx`` convention)."""
+    if func.attrs is None or "num_input" not in func.attrs:
+        return frozenset()
+    num_input = int(func.attrs["num_input"])
+    return frozenset(p.name for p in list(func.params)[num_input:])
+
+
+def plan_module(
+    mod: tvm.IRModule,
+    options: PlanOptions | None = None,
+    broadcast_policy: str = "expanding_only",
+) -> ModulePlan:
+    """Plan every dataflow block of every non-primitive Relax function of a legalized module."""
+    options = options or PlanOptions()
+    cache = _FuncCache(mod)
+    result = ModulePlan()
+    for gvar, func in mod.functions.items():
+        if not isinstance(func, relax.Function) or _is_primitive(func):
+            continue
+        weights = weight_param_names(func)
+        for index, block in enumerate(_dataflow_blocks(func)):
+            ecg = build_ecg(mod, block, weights, broadcast_policy, cache)
+            result.plans[(gvar.name_hint, index)] = plan_dnnfusion(ecg, options)
+    return result
+
+
+def _dataflow_blocks(func: relax.Function) -> list[relax.DataflowBlock]:
+    body = func.body
+    if not isinstance(body, relax.SeqExpr):
+        return []
+    return [b for b in body.blocks if isinstance(b, relax.DataflowBlock)]
+
+
+def _is_primitive(func: relax.Function) -> bool:
+    return func.attrs is not None and "Primitive" in func.attrs and bool(func.attrs["Primitive"])
+
+
+def apply_plan(mod: tvm.IRModule, module_plan: ModulePlan) -> tvm.IRModule:
+    """Outline the planned groups as ``Primitive`` functions (ready for ``FuseTIR``)."""
+
+    def groups_for(func_name: str, block_index: int, _block) -> list[list[int]]:
+        plan = module_plan.plans.get((func_name, block_index))
+        if plan is None:
+            return []
+        return [[plan.ecg.nodes[i].binding_index for i in b.members] for b in plan.blocks]
+
+    return group_bindings(mod, groups_for)
+
+
+@tvm.transform.module_pass(opt_level=0, name="PlanFusion")
+class PlanFusion:
+    """Group operators into fusion blocks; run ``FuseTIR`` afterwards.
+
+    Parameters
+    ----------
+    strategy
+        ``"dnnfusion"`` (DNNFusion's mapping-type planner) or ``"tvm"`` (stock FuseOps).
+    options
+        Planner knobs (:class:`PlanOptions`); only for ``"dnnfusion"``.
+    broadcast_policy
+        ``"expanding_only"`` or ``"strict"``; see :mod:`.mapping_type`.
+    record
+        Optional list; the :class:`ModulePlan` of each run is appended, for reports.
+    """
+
+    def __init__(self, strategy: str = "dnnfusion", options: PlanOptions | None = None,
+                 broadcast_policy: str = "expanding_only", record: list | None = None):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+        self.strategy = strategy
+        self.options = options or PlanOptions()
+        self.broadcast_policy = broadcast_policy
+        self.record = record
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        if self.strategy == "tvm":
+            return relax.transform.FuseOps()(mod)
+        module_plan = plan_module(mod, self.options, self.broadcast_policy)
+        if self.record is not None:
+            self.record.append(module_plan)
+        return apply_plan(mod, module_plan)

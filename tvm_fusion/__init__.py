@@ -1,0 +1,16 @@
+"""tvm_fusion: operator fusion for Apache TVM beyond FuseOps' fixed rules.
+
+DNNFusion's mapping-type fusion (PLDI'21), with Apollo, OptiFX and SmartMem to follow, as passes
+that compose with ``tvm.transform.Sequential``. The graph-level passes live in
+``tvm_fusion.relay_passes``: the name is the project's fixed layout; since TVM 0.20 removed Relay,
+they are written over Relax, Relay's successor.
+"""
+
+from . import pipeline, transform
+from .compile import compile_model
+from .transform import Sequential
+
+__version__ = "0.1.0"
+version = __version__
+
+__all__ = ["Sequential", "compile_model", "pipeline", "transform", "version", "__version__"]

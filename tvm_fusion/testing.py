@@ -760,9 +760,14 @@ def random_dag_models(max_nodes: int = 12):
             bound = b.bound[outputs[0]] + b.bound[leaf]
             if _broadcast(out_shape, b.shape[leaf]) == out_shape and bound <= _MAX_BOUND:
                 (outputs[0],) = b.node("Add", [outputs[0], leaf], [out_shape], [bound])
-        produced = [o for n in b.nodes for o in n.output if o != outputs[0]]
-        if produced and draw(st.booleans()):
-            outputs.append(produced[draw(st.integers(0, len(produced) - 1))])
+        if draw(st.integers(0, 2)):
+            read = {i for n in b.nodes for i in n.input}
+            produced = [o for n in b.nodes for o in n.output if o != outputs[0]]
+            # Half the time the extra output is an intermediate that later nodes also read.
+            inner = [o for o in produced if o in read]
+            pool = inner if inner and draw(st.booleans()) else produced
+            if pool:
+                outputs.append(pool[draw(st.integers(0, len(pool) - 1))])
         nodes = _prune(b, outputs)
         while len(nodes) < 3:  # pruning can leave too few nodes: extend the main output
             (y,) = b.node("Relu", [outputs[0]], [b.shape[outputs[0]]], [b.bound[outputs[0]]])

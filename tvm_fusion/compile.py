@@ -1,0 +1,142 @@
+"""From an ONNX file to a compiled module, with one-line errors for bad input.
+
+``compile_model`` builds with tvm_fusion or, for comparison, with stock TVM: ``"tvm"`` is TVM's
+own fused pipeline (``relax.get_default_pipeline``: FuseOps + FuseTIR), which is what stock TVM
+runs on GPUs and what we compare kernel counts and numerics with; plain ``tvm.compile`` on CPU
+does no fusion at all.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import onnx
+import tvm
+from tvm import relax
+
+from .pipeline import get_pipeline
+
+_CALL_TIR = "relax.call_tir"
+_CALL_DPS = "relax.call_dps_packed"
+
+
+class ModelError(ValueError):
+    """A model tvm_fusion cannot take, with a message that names the cause."""
+
+
+def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
+    """Load and check an ONNX file; errors name the file and what is wrong with it."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ModelError(f"{path}: no such file")
+    try:
+        model = onnx.load(path)
+    except Exception as err:
+        raise ModelError(f"{path}: not a valid ONNX model ({_first_line(err)})") from None
+    if not model.graph.node:
+        raise ModelError(f"{path}: not a valid ONNX model (the graph has no nodes)")
+    try:
+        onnx.checker.check_model(model)
+    except Exception as err:
+        raise ModelError(f"{path}: ONNX checker rejects the model ({_first_line(err)})") from None
+    return model
+
+
+def import_onnx(model: onnx.ModelProto, shape_dict: dict | None = None) -> tvm.IRModule:
+    """``from_onnx`` with weights as constants; an unsupported operator is named, not traced."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return relax.frontend.onnx.from_onnx(model, shape_dict=shape_dict,
+                                                 keep_params_in_input=False)
+    except tvm.error.OpNotImplemented as err:
+        raise ModelError(_first_line(err)) from None
+    except Exception as err:
+        raise ModelError(f"TVM's ONNX importer failed: {_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def to_target(target) -> tvm.target.Target:
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, str) and target.strip().startswith("{"):
+        import json
+
+        target = json.loads(target)
+    try:
+        return tvm.target.Target(target)
+    except Exception as err:
+        raise ValueError(f"invalid target {target!r}: {_first_line(err)}") from None
+
+
+def fuse(mod: tvm.IRModule, target="llvm", strategy: str = "dnnfusion", **options):
+    """The module after fusion (``FuseTIR`` done, before VM lowering), for counting kernels."""
+    from .transform import Sequential
+
+    tgt = to_target(target)
+    with tgt:
+        return Sequential(tgt, strategy=strategy, **options)(mod)
+
+
+def compile_model(mod: tvm.IRModule, target="llvm", strategy: str = "dnnfusion", **options):
+    """Compile a Relax module to a VM executable.
+
+    ``strategy="dnnfusion"`` uses the tvm_fusion pipeline; ``"tvm"`` is the stock fused
+    pipeline (``relax.get_default_pipeline``); ``"none"`` is ``tvm.compile``'s CPU default,
+    which does not fuse.
+    """
+    tgt = to_target(target)
+    if strategy == "none":
+        return tvm.compile(mod, tgt)
+    if strategy == "tvm" and not options:
+        return tvm.compile(mod, tgt, relax_pipeline=relax.get_default_pipeline(tgt))
+    return tvm.compile(mod, tgt, relax_pipeline=get_pipeline(tgt, strategy=strategy, **options))
+
+
+def count_kernels(mod: tvm.IRModule) -> int:
+    """Kernel launches per run: ``call_tir``/``call_dps_packed`` calls in Relax functions."""
+    count = 0
+
+    def visit(node):
+        nonlocal count
+        if isinstance(node, relax.Call) and isinstance(node.op, tvm.ir.Op) and (
+            node.op.name in (_CALL_TIR, _CALL_DPS)
+        ):
+            count += 1
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return count
+
+
+def run(executable, inputs: list[np.ndarray], device=None) -> list[np.ndarray]:
+    """Run ``main`` on numpy inputs; always returns a list of numpy outputs."""
+    device = device or tvm.cpu()
+    vm = relax.VirtualMachine(executable, device)
+    result = vm["main"](*[tvm.runtime.tensor(x, device) for x in inputs])
+    return _flatten(result)
+
+
+def _flatten(value) -> list[np.ndarray]:
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    out: list[np.ndarray] = []
+    for item in value:
+        out.extend(_flatten(item))
+    return out
+
+
+def input_order(mod: tvm.IRModule) -> list[str]:
+    """Names of ``main``'s runtime inputs, in call order."""
+    func = mod["main"]
+    params = list(func.params)
+    if func.attrs is not None and "num_input" in func.attrs:
+        params = params[: int(func.attrs["num_input"])]
+    return [p.name for p in params]

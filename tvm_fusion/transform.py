@@ -1,0 +1,105 @@
+"""Pass constructors; ``Sequential(target, **options)`` is the drop-in for a TVM build.
+
+It replaces the middle of stock TVM's Relax pipeline, ``LegalizeOps → … → FuseOps → FuseTIR``,
+with the same legalisation followed by mapping-type annotation and DNNFusion planning, and
+leaves lowering to TVM::
+
+    with target:
+        mod = tvm_fusion.transform.Sequential(target)(mod)
+    ex = tvm.compile(mod, target)
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .relay_passes.fusion_plan import SEED_POLICIES, AnalyticOracle, PlanOptions
+from .relay_passes.fusion_table import FusionTable
+from .relay_passes.mapping_type import BROADCAST_POLICIES, AnnotateMappingType
+from .relay_passes.plan_fusion import STRATEGIES, PlanFusion
+
+__all__ = ["Sequential", "PlanFusion", "AnnotateMappingType", "OPTIONS", "make_plan_options"]
+
+# Every option of Sequential with its default (the paper's value where it gives one).
+OPTIONS = {
+    "strategy": "dnnfusion",  # "dnnfusion" | "tvm" (stock FuseOps, for comparison)
+    "broadcast_policy": "expanding_only",  # "expanding_only" | "strict" (paper-literal)
+    "seed_policy": "o2o_then_rest",  # "o2o_then_rest" | "paper"
+    "max_ops_per_block": 64,  # the paper's unnamed "empirical threshold"
+    "table3": None,  # {(first, second): "green" | "yellow" | "red"} colour overrides
+    "flops_per_byte": 10.0,  # analytic yellow-cell oracle: recompute FLOPs one saved byte pays
+    "record": None,  # a list; each run appends its ModulePlan (for reports)
+}
+_CHOICES = {"strategy": STRATEGIES, "broadcast_policy": BROADCAST_POLICIES,
+            "seed_policy": SEED_POLICIES}
+
+
+def _check_options(options: dict) -> dict:
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"unknown tvm_fusion option {unknown[0]!r}; valid options: {', '.join(OPTIONS)}")
+    merged = {**OPTIONS, **options}
+    for key, choices in _CHOICES.items():
+        if merged[key] not in choices:
+            raise ValueError(f"option {key}={merged[key]!r} is not one of {choices}")
+    return merged
+
+
+def make_plan_options(**options) -> PlanOptions:
+    """The planner knobs from Sequential-style keyword options."""
+    opts = _check_options(options)
+    return PlanOptions(
+        table=FusionTable(opts["table3"]),
+        oracle=AnalyticOracle(float(opts["flops_per_byte"])),
+        max_ops_per_block=int(opts["max_ops_per_block"]),
+        seed_policy=opts["seed_policy"],
+    )
+
+
+def Sequential(target: tvm.target.Target | str | dict | None = None, **options) -> tvm.transform.Pass:  # noqa: N802
+    """The tvm_fusion graph passes, from high-level Relax to fused PrimFuncs.
+
+    Parameters
+    ----------
+    target
+        The build target (a ``Target``, a tag/kind string or a dict); defaults to
+        ``Target.current()`` and then ``llvm``. Library dispatch (sort/scan/sampling) follows it.
+    **options
+        See :data:`OPTIONS`; an unknown option raises ``ValueError`` naming it.
+
+    Returns
+    -------
+    tvm.transform.Pass
+        A pass that composes with ``tvm.transform.Sequential`` and ``PassContext``.
+    """
+    opts = _check_options(options)
+    plan_options = make_plan_options(**{k: v for k, v in opts.items() if k != "record"})
+    resolved = _resolve_target(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Sequential")
+    def _sequential(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        tgt = resolved or tvm.target.Target.current() or tvm.target.Target("llvm")
+        passes = relax.pipeline.library_dispatch_passes(tgt) + [
+            relax.transform.DecomposeOpsForInference(),
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FoldConstant(),
+            AnnotateMappingType(opts["broadcast_policy"]),
+            PlanFusion(opts["strategy"], plan_options, opts["broadcast_policy"], opts["record"]),
+            relax.transform.FuseTIR(),
+        ]
+        with tgt:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _sequential
+
+
+def _resolve_target(target) -> tvm.target.Target | None:
+    if target is None or isinstance(target, tvm.target.Target):
+        return target
+    try:
+        return tvm.target.Target(target)
+    except Exception as err:  # TVM's message is long; keep the cause, name the option
+        raise ValueError(f"invalid target {target!r}: {str(err).splitlines()[0]}") from None

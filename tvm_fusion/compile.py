@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import tvm
 from tvm import relax
+from tvm.relax.frontend.onnx import from_onnx
 
 from .pipeline import get_pipeline
 
@@ -49,7 +50,7 @@ def import_onnx(model: onnx.ModelProto, shape_dict: dict | None = None) -> tvm.I
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return relax.frontend.onnx.from_onnx(model, shape_dict=shape_dict,
+            return from_onnx(model, shape_dict=shape_dict,
                                                  keep_params_in_input=False)
     except tvm.error.OpNotImplemented as err:
         raise ModelError(_first_line(err)) from None

@@ -50,7 +50,9 @@ class _GraphBuilder:
         w = self.rng.standard_normal(shape) / math.sqrt(fan_in)
         return self.const(name, w.astype(np.float32))
 
-    def node(self, op: str, inputs: list[str], name: str, n_out: int = 1, **attrs) -> str | list[str]:
+    def node(
+        self, op: str, inputs: list[str], name: str, n_out: int = 1, **attrs
+    ) -> str | list[str]:
         assert name not in self._names, name
         self._names.add(name)
         outs = [name] if n_out == 1 else [f"{name}_{i}" for i in range(n_out)]
@@ -166,7 +168,9 @@ def transformer_encoder_layer(
     assert out == g.nodes[-1].name
 
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, hidden])]
-    return g.model("transformer_encoder_layer", inputs, outputs, doc=transformer_encoder_layer.__doc__)
+    return g.model(
+        "transformer_encoder_layer", inputs, outputs, doc=transformer_encoder_layer.__doc__
+    )
 
 
 def figure3_graph(channels: int = 16, size: int = 8, seed: int = 0) -> onnx.ModelProto:

@@ -58,7 +58,9 @@ def make_plan_options(**options) -> PlanOptions:
     )
 
 
-def Sequential(target: tvm.target.Target | str | dict | None = None, **options) -> tvm.transform.Pass:  # noqa: N802
+def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it stands in for)
+    target: tvm.target.Target | str | dict | None = None, **options
+) -> tvm.transform.Pass:
     """The tvm_fusion graph passes, from high-level Relax to fused PrimFuncs.
 
     Parameters

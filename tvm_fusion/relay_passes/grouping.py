@@ -25,8 +25,8 @@ _MAX_NAME = 64
 def group_bindings(mod: tvm.IRModule, group_fn: GroupFn) -> tvm.IRModule:
     """Outline the groups chosen by ``group_fn`` in every non-primitive Relax function.
 
-    ``group_fn(function_name, block_index, block)`` returns groups of binding positions; groups of one
-    binding are left as they are. Returns a new module; run ``FuseTIR`` on it next.
+    ``group_fn(function_name, block_index, block)`` returns groups of binding positions;
+    groups of one binding are left as they are. Returns a new module; run ``FuseTIR`` on it next.
     """
     rewriter = _GroupRewriter(mod, group_fn)
     for gvar, func in list(mod.functions.items()):

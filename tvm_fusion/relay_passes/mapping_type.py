@@ -243,7 +243,7 @@ def _analyze_block(block, input_index: dict[str, int]) -> BlockAccess | str:
         if ld.source.name in written:
             return "reads a buffer it writes without a reduction iterator"
         by_buffer.setdefault(ld.source.name, []).append(ld)
-    for name, group in by_buffer.items():
+    for group in by_buffer.values():
         distinct = _distinct_index_tuples(group)
         if len(distinct) > 1 and all(_is_affine(ix, ranges) for ix in distinct):
             reads.append(_read(group[0], input_index, MappingType.MANY_TO_MANY,

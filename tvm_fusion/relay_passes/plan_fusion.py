@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import tvm
@@ -24,6 +25,7 @@ class ModulePlan:
     """The plans of every dataflow block of a module, keyed by (function name, block index)."""
 
     plans: dict[tuple[str, int], FusionPlan] = field(default_factory=dict)
+    seconds: float = 0.0  # ECG construction plus planning, all blocks
 
     @property
     def num_kernels(self) -> int:
@@ -53,6 +55,7 @@ def plan_module(
 ) -> ModulePlan:
     """Plan every dataflow block of every non-primitive Relax function of a legalized module."""
     options = options or PlanOptions()
+    start = time.perf_counter()
     cache = _FuncCache(mod)
     result = ModulePlan()
     for gvar, func in mod.functions.items():
@@ -62,6 +65,7 @@ def plan_module(
         for index, block in enumerate(_dataflow_blocks(func)):
             ecg = build_ecg(mod, block, weights, broadcast_policy, cache)
             result.plans[(gvar.name_hint, index)] = plan_dnnfusion(ecg, options)
+    result.seconds = time.perf_counter() - start
     return result
 
 

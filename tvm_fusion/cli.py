@@ -1,0 +1,137 @@
+"""``tvm-fusion``: demo | compile | report.
+
+Bad input (a malformed ONNX file, an unsupported operator, an unknown option) is one line on
+stderr and exit code 2, never a traceback from inside TVM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import __version__
+
+EXIT_BAD_INPUT = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, NotImplementedError) as err:
+        print(f"tvm-fusion: error: {_one_line(err)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except AssertionError as err:  # a numerical check failed: a bug, say so plainly
+        print(f"tvm-fusion: numerical check failed: {_one_line(err)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _parse_options(pairs: list[str] | None) -> dict:
+    """``--option key=value`` pairs; values are parsed as JSON when they parse, else strings."""
+    options = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise ValueError(f"option {pair!r} must be KEY=VALUE")
+        key, value = pair.split("=", 1)
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tvm-fusion", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"tvm_fusion {__version__}")
+    sub = parser.add_subparsers(dest="command")
+
+    def common(p):
+        p.add_argument("--target", default="llvm", help="TVM target: kind, tag or JSON dict")
+        p.add_argument("--strategy", default="dnnfusion", help="dnnfusion | tvm")
+        p.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
+                       help="a tvm_fusion option (see docs/options.md), repeatable")
+
+    demo = sub.add_parser("demo", help="run the whole flow on the built-in models")
+    demo.add_argument("--model", default="all", help="encoder | figure3 | all")
+    demo.add_argument("--why", action="store_true", help="print every rejected pair")
+    common(demo)
+    demo.set_defaults(func=_cmd_demo)
+
+    comp = sub.add_parser("compile", help="compile an ONNX model to a shared library")
+    comp.add_argument("model")
+    comp.add_argument("-o", "--output", required=True)
+    common(comp)
+    comp.set_defaults(func=_cmd_compile)
+
+    rep = sub.add_parser("report", help="the fusion report of ONNX models")
+    rep.add_argument("models", nargs="+")
+    rep.add_argument("--json", action="store_true", help="print JSON instead of text")
+    rep.add_argument("--why", action="store_true", help="print every rejected pair and why")
+    rep.add_argument("--no-check", action="store_true", help="skip the numerical check")
+    common(rep)
+    rep.set_defaults(func=_cmd_report)
+    return parser
+
+
+def _options(args) -> dict:
+    options = _parse_options(args.option)
+    options["strategy"] = args.strategy
+    return options
+
+
+def _cmd_demo(args) -> int:
+    from .models import BUILTIN_MODELS, get_builtin
+    from .report import format_report, make_report
+
+    names = list(BUILTIN_MODELS) if args.model == "all" else [args.model]
+    for name in names:
+        model = get_builtin(name)
+        print(f"== built-in model '{name}': import -> plan -> compile -> run -> check", flush=True)
+        report = make_report(model, name, args.target, check=True, **_options(args))
+        print(format_report(report, why=args.why))
+        print(f"  result: {report.fused_kernels} kernels instead of {report.stock_kernels}, "
+              f"outputs match the stock build and the ONNX reference", flush=True)
+    return 0
+
+
+def _cmd_compile(args) -> int:
+    from .compile import compile_model, import_onnx, load_onnx
+
+    mod = import_onnx(load_onnx(args.model))
+    executable = compile_model(mod, args.target, **_options(args))
+    executable.export_library(args.output)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_report(args) -> int:
+    import os
+
+    from .compile import load_onnx
+    from .report import format_report, make_report
+
+    reports = []
+    for path in args.models:
+        model = load_onnx(path)
+        name = os.path.splitext(os.path.basename(path))[0]
+        reports.append(make_report(model, name, args.target, check=not args.no_check,
+                                   **_options(args)))
+    if args.json:
+        print(json.dumps([r.to_json() for r in reports], indent=2))
+    else:
+        print("\n\n".join(format_report(r, why=args.why) for r in reports))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

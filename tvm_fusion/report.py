@@ -1,0 +1,162 @@
+"""The fusion report: what stock TVM and tvm_fusion make of one model, and why.
+
+Per model: operators, kernels after stock FuseOps, kernels after tvm_fusion, the anchor bound
+(Many-to-Many plus Opaque operators: the fewest kernels when each holds one of them),
+intermediate-result bytes before and after, every fusion block with its mapping types, the
+reason every rejected pair was rejected, and the numerical check against the stock build and the
+ONNX reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx
+
+from .compile import compile_model, count_kernels, fuse, import_onnx, input_order, run
+from .relay_passes.plan_fusion import ModulePlan
+
+
+@dataclass
+class BlockRow:
+    kernel: int
+    mapping_type: str
+    operators: list[str]
+
+
+@dataclass
+class ModelReport:
+    name: str
+    onnx_nodes: int
+    operators: int  # operators after legalisation (ECG nodes)
+    compute_intensive: int  # Many-to-Many operators (conv, matmul, reductions, ...)
+    stock_kernels: int
+    fused_kernels: int
+    anchor_bound: int
+    irs_bytes_before: int
+    irs_bytes_after: int
+    planning_seconds: float
+    blocks: list[BlockRow] = field(default_factory=list)
+    rejections: list[dict] = field(default_factory=list)
+    yellow: list[dict] = field(default_factory=list)
+    opaque: list[str] = field(default_factory=list)
+    max_error_vs_stock: float | None = None
+    max_error_vs_onnx: float | None = None
+
+    @property
+    def fusion_rate(self) -> float:
+        return self.operators / max(self.fused_kernels, 1)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["fusion_rate"] = round(self.fusion_rate, 3)
+        return data
+
+
+def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", check: bool = True,
+                seed: int = 0, **options) -> ModelReport:
+    """Plan, compile and (optionally) check one ONNX model."""
+    from .testing import compare, onnx_reference, random_inputs
+
+    mod = import_onnx(model)
+    stock_mod = fuse(mod, target, strategy="tvm")
+    record: list[ModulePlan] = []
+    fused_mod = fuse(mod, target, record=record, **options)
+    if not record:  # strategy "tvm": plan anyway, to report the ECG and the anchor bound
+        record.append(_plan_only(mod, target))
+    module_plan = record[0]
+
+    report = ModelReport(
+        name=name,
+        onnx_nodes=len(model.graph.node),
+        operators=module_plan.num_operators,
+        compute_intensive=sum(
+            n.mapping_type.short == "M2M" for p in module_plan.plans.values() for n in p.ecg.nodes
+        ),
+        stock_kernels=count_kernels(stock_mod),
+        fused_kernels=count_kernels(fused_mod),
+        anchor_bound=module_plan.anchor_bound,
+        irs_bytes_before=sum(p.ecg.irs_bytes_unfused() for p in module_plan.plans.values()),
+        irs_bytes_after=sum(p.ecg.irs_bytes_fused(p.groups()) for p in module_plan.plans.values()),
+        planning_seconds=round(module_plan.seconds, 4),
+    )
+    kernel = 0
+    for plan in module_plan.plans.values():
+        for block in plan.blocks:
+            nodes = [plan.ecg.nodes[i] for i in block.members]
+            report.blocks.append(BlockRow(kernel, block.mapping_type.short,
+                                          [f"{n.op_name}[{n.mapping_type.short}]" for n in nodes]))
+            kernel += 1
+        report.rejections += [asdict(r) for r in plan.rejections]
+        report.yellow += [{"first": y.first, "second": y.second, "fuse": y.decision.fuse,
+                           "decided_by": y.decision.source, "detail": y.decision.detail}
+                          for y in plan.yellow]
+        report.opaque += [f"{n.op_name}: {n.reason}" for n in plan.ecg.nodes if not n.fusible]
+
+    if check:
+        feeds = random_inputs(model, seed=seed)
+        order = input_order(mod)
+        inputs = [feeds[k] for k in order]
+        ours = run(compile_model(mod, target, **options), inputs)
+        stock = run(compile_model(mod, target, strategy="tvm"), inputs)
+        reference = onnx_reference(model, feeds)
+        report.max_error_vs_stock = _max_error(ours, stock)
+        report.max_error_vs_onnx = _max_error(ours, reference)
+        compare(ours, reference, rtol=1e-3, atol=1e-4)
+    return report
+
+
+def _plan_only(mod, target) -> ModulePlan:
+    from .compile import to_target
+    from .transform import Sequential
+
+    tgt = to_target(target)
+    record: list[ModulePlan] = []
+    with tgt:
+        Sequential(tgt, record=record)(mod)
+    return record[0]
+
+
+def _max_error(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return float(max((np.abs(x.astype("float64") - y.astype("float64")).max()
+                      for x, y in zip(a, b) if x.size), default=0.0))
+
+
+def format_report(report: ModelReport, why: bool = False) -> str:
+    """Human-readable text of a report; ``why`` adds every rejected pair and yellow decision."""
+    lines = [
+        f"model {report.name}: {report.onnx_nodes} ONNX nodes, {report.operators} operators "
+        f"({report.compute_intensive} compute-intensive)",
+        f"  kernels: stock TVM {report.stock_kernels}, tvm_fusion {report.fused_kernels} "
+        f"(anchor bound {report.anchor_bound}; fusion rate {report.fusion_rate:.2f})",
+        f"  intermediate results: {_mb(report.irs_bytes_before)} before, "
+        f"{_mb(report.irs_bytes_after)} after fusion",
+        f"  planning: {report.planning_seconds:.3f} s",
+    ]
+    if report.max_error_vs_onnx is not None:
+        lines.append(f"  numerics: max |tvm_fusion - stock| = {report.max_error_vs_stock:.3g}, "
+                     f"max |tvm_fusion - onnx| = {report.max_error_vs_onnx:.3g}")
+    lines.append("  fusion blocks:")
+    for block in report.blocks:
+        lines.append(f"    #{block.kernel:<3d} {block.mapping_type:7s} "
+                     + " -> ".join(block.operators))
+    if report.opaque:
+        lines.append("  opaque (never fused): " + "; ".join(report.opaque))
+    if why:
+        lines.append("  rejected pairs:")
+        for r in report.rejections:
+            lines.append(f"    {r['first']} -> {r['second']}: {r['reason']}")
+        lines.append("  yellow (fuse_depend) decisions:")
+        for y in report.yellow:
+            verdict = "fused" if y["fuse"] else "kept apart"
+            lines.append(f"    {y['first']} -> {y['second']}: {verdict} ({y['decided_by']}: "
+                         f"{y['detail']})")
+    return "\n".join(lines)
+
+
+def _mb(num_bytes: int) -> str:
+    return f"{num_bytes / 1e6:.3f} MB"
+
+
+__all__ = ["ModelReport", "make_report", "format_report"]

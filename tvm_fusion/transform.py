@@ -19,7 +19,10 @@ from .relay_passes.fusion_table import FusionTable
 from .relay_passes.mapping_type import BROADCAST_POLICIES, AnnotateMappingType
 from .relay_passes.plan_fusion import STRATEGIES, PlanFusion
 
-__all__ = ["Sequential", "PlanFusion", "AnnotateMappingType", "OPTIONS", "make_plan_options"]
+__all__ = [
+    "Sequential", "PlanFusion", "AnnotateMappingType", "OPTIONS", "legalize_passes",
+    "make_plan_options",
+]
 
 # Every option of Sequential with its default (the paper's value where it gives one).
 OPTIONS = {
@@ -83,11 +86,7 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Sequential")
     def _sequential(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = resolved or tvm.target.Target.current() or tvm.target.Target("llvm")
-        passes = relax.pipeline.library_dispatch_passes(tgt) + [
-            relax.transform.DecomposeOpsForInference(),
-            relax.transform.LegalizeOps(),
-            relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(),
+        passes = legalize_passes(tgt) + [
             AnnotateMappingType(opts["broadcast_policy"]),
             PlanFusion(opts["strategy"], plan_options, opts["broadcast_policy"], opts["record"]),
             relax.transform.FuseTIR(),
@@ -96,6 +95,18 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
             return tvm.transform.Sequential(passes)(mod)
 
     return _sequential
+
+
+def legalize_passes(target: tvm.target.Target) -> list:
+    """Stock TVM's steps before fusion: library dispatch (sort/scan lowered to TIR for the
+    target), inference-mode decomposition (batch norm becomes scale and shift), legalisation,
+    TVM's op patterns (read by the ``"tvm"`` strategy) and constant folding."""
+    return relax.pipeline.library_dispatch_passes(target) + [
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+    ]
 
 
 def _resolve_target(target) -> tvm.target.Target | None:

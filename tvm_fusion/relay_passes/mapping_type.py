@@ -237,6 +237,9 @@ def _analyze_block(block, input_index: dict[str, int]) -> BlockAccess | str:
     extents = {iv.var.name: const_int(iv.dom.extent) for iv in iter_vars}
     ranges = {iv.var: tvm.ir.Range(iv.dom.min, iv.dom.extent) for iv in iter_vars}
     store_vars = _store_order(stores[0], iter_vars)
+    # Reorganize is a re-indexing with no function applied (y = x[f(d)]): a pure copy.
+    pure_copy = len(stores) == 1 and isinstance(stores[0].value, tvm.ir.expr.TensorLoad)
+    out_rank = len(stores[0].indices)
     reads = []
     by_buffer: dict[str, list] = {}
     for ld in loads:
@@ -252,6 +255,8 @@ def _analyze_block(block, input_index: dict[str, int]) -> BlockAccess | str:
         for ix in distinct:
             kind, broadcast, reason = _classify_indices(ix, store_vars, extents, ranges,
                                                         group[0].source)
+            if kind is MappingType.ONE_TO_ONE and pure_copy and len(ix) != out_rank:
+                kind, reason = MappingType.REORGANIZE, "copy that changes the rank"
             reads.append(_read(group[0], input_index, kind, reason, broadcast))
     return BlockAccess(block.name_hint, False, tuple(reads), "spatial")
 

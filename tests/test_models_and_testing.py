@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
@@ -269,10 +270,6 @@ def test_compare_returns_max_abs_error_and_reports_failures():
 # ---------------------------------------------------------------------------------------------
 # random_dag_models
 # ---------------------------------------------------------------------------------------------
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_dag_models())
 def test_random_dag_models_check_and_run(model):

@@ -100,12 +100,14 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
 def legalize_passes(target: tvm.target.Target) -> list:
     """Stock TVM's steps before fusion: library dispatch (sort/scan lowered to TIR for the
     target), inference-mode decomposition (batch norm becomes scale and shift), legalisation,
-    TVM's op patterns (read by the ``"tvm"`` strategy) and constant folding."""
+    TVM's op patterns (read by the ``"tvm"`` strategy), constant folding and binding clean-up."""
     return relax.pipeline.library_dispatch_passes(target) + [
         relax.transform.DecomposeOpsForInference(),
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),  # tuple-then-get-item (from decompositions)
+        relax.transform.DeadCodeElimination(),
     ]
 
 

@@ -64,7 +64,7 @@ class ECG:
 
     nodes: list[ECGNode]
     block: relax.DataflowBlock
-    var_to_node: dict[str, int]  # result vars (and tuple-field aliases) -> node index
+    var_to_node: dict[relax.Var, int]  # result vars (and tuple-field aliases) -> node index
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -134,45 +134,58 @@ def build_ecg(
     """
     cache = cache or _FuncCache(mod)
     nodes: list[ECGNode] = []
-    var_to_node: dict[str, int] = {}
-    outputs_of_block: set[str] = set()
+    # Keyed by the Var objects: Relax names are not unique (``lv25`` may be bound twice).
+    var_to_node: dict[relax.Var, int] = {}
+    outputs_of_block: set[relax.Var] = set()
     bindings = list(block.bindings)
+
+    # Vars bound by non-operator bindings (tuples, aliases) carry the dependencies of what they
+    # were built from, so that no edge between operators is hidden behind them.
+    carried: dict[relax.Var, set[int]] = {}
+
+    def sources(expr) -> set[int]:
+        found: set[int] = set()
+        for used in relax.analysis.free_vars(expr):
+            if used in var_to_node:
+                found.add(var_to_node[used])
+            found |= carried.get(used, set())
+        return found
 
     for pos, binding in enumerate(bindings):
         var, value = binding.var, binding.value
         if not isinstance(var, relax.DataflowVar):
-            outputs_of_block.add(var.name)
+            outputs_of_block.add(var)
         if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
-            owner = var_to_node.get(value.tuple_value.name)
+            owner = var_to_node.get(value.tuple_value)
             if owner is not None:
-                var_to_node[var.name] = owner
-            continue
-        if not isinstance(value, relax.Call):
-            continue
-        node = _make_node(len(nodes), pos, var, value, weight_params, broadcast_policy, cache)
+                var_to_node[var] = owner
+                continue
+        node = None
+        if isinstance(value, relax.Call):
+            node = _make_node(len(nodes), pos, var, value, weight_params, broadcast_policy, cache)
         if node is None:
+            carried[var] = sources(value)
             continue
-        for arg in _call_inputs(value):
-            src = var_to_node.get(arg.name) if isinstance(arg, relax.Var) else None
-            if src is not None and src not in node.preds:
-                node.preds.append(src)
-                nodes[src].succs.append(node.index)
+        for src in sorted(sources(value)):
+            node.preds.append(src)
+            nodes[src].succs.append(node.index)
         nodes.append(node)
-        var_to_node[var.name] = node.index
+        var_to_node[var] = node.index
 
     # Results that escape: non-dataflow vars, and any node var used by a non-operator binding
     # (a Tuple, an alias) or by the block's non-dataflow outputs.
     for pos, binding in enumerate(bindings):
         value = binding.value
-        is_op = isinstance(value, relax.Call) and binding.var.name in var_to_node and (
-            nodes[var_to_node[binding.var.name]].binding_index == pos
+        var = binding.var
+        is_op = isinstance(value, relax.Call) and var in var_to_node and (
+            nodes[var_to_node[var]].binding_index == pos
         )
-        is_alias = isinstance(value, relax.TupleGetItem) and binding.var.name in var_to_node
-        if binding.var.name in outputs_of_block and binding.var.name in var_to_node:
-            nodes[var_to_node[binding.var.name]].is_graph_output = True
+        is_alias = isinstance(value, relax.TupleGetItem) and var in var_to_node
+        if var in outputs_of_block and var in var_to_node:
+            nodes[var_to_node[var]].is_graph_output = True
         if is_op or is_alias:
             continue
-        for used in _free_var_names(value):
+        for used in relax.analysis.free_vars(value):
             if used in var_to_node:
                 nodes[var_to_node[used]].is_graph_output = True
     return ECG(nodes, block, var_to_node)
@@ -222,10 +235,6 @@ def _call_inputs(call: relax.Call) -> list:
     for arg in call.args:
         flat.extend(arg.fields if isinstance(arg, relax.Tuple) else [arg])
     return flat
-
-
-def _free_var_names(expr) -> set[str]:
-    return {v.name for v in relax.analysis.free_vars(expr)}
 
 
 def _result_types(ty) -> tuple[list, list[str]]:

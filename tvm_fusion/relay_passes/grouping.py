@@ -68,12 +68,12 @@ class _GroupRewriter(relax.PyExprMutator):
 
     def _emit_group(self, bindings, members: list[int], unit_of: list[int], unit: int) -> None:
         group = [bindings[i] for i in sorted(p for p, u in enumerate(unit_of) if u == unit)]
-        defined = {b.var.name for b in group}
+        defined = {b.var for b in group}  # Var objects: Relax names need not be unique
         inputs: list[relax.Var] = []
         consts: list[GenericConst] = []
         for b in group:
             for var in relax.analysis.free_vars(b.value):
-                if var.name not in defined and not any(var.same_as(v) for v in inputs):
+                if var not in defined and var not in inputs:
                     inputs.append(var)
             for const in _constants(b.value):
                 if not any(const.same_as(c) for c in consts):
@@ -81,21 +81,21 @@ class _GroupRewriter(relax.PyExprMutator):
         used_outside = set()
         for pos, b in enumerate(bindings):
             if unit_of[pos] != unit:
-                used_outside |= {v.name for v in relax.analysis.free_vars(b.value)}
+                used_outside |= set(relax.analysis.free_vars(b.value))
         outputs = [b.var for b in group
-                   if b.var.name in used_outside or not isinstance(b.var, relax.DataflowVar)]
+                   if b.var in used_outside or not isinstance(b.var, relax.DataflowVar)]
 
         name = _function_name(group)
         params = [relax.Var(v.name, v.ty) for v in inputs]
         cparams = [relax.Var(f"param_{i}", c.ty) for i, c in enumerate(consts)]
         inner = relax.BlockBuilder()
-        subst = _Substitute(dict(zip([v.name for v in inputs], params)), list(zip(consts, cparams)))
+        subst = _Substitute(dict(zip(inputs, params)), list(zip(consts, cparams)))
         with inner.function(name, params + cparams, attrs={"Primitive": True}, private=True):
             with inner.dataflow():
                 for b in group:
                     new_var = inner.emit(subst.visit_expr(b.value), b.var.name)
-                    subst.var_map[b.var.name] = new_var
-                results = [subst.var_map[o.name] for o in outputs]
+                    subst.var_map[b.var] = new_var
+                results = [subst.var_map[o] for o in outputs]
                 ret = inner.emit_output(results[0] if len(results) == 1 else relax.Tuple(results))
             inner.emit_func_output(ret)
         gvar = self.builder_.add_func(inner.get()[name], name)
@@ -126,10 +126,10 @@ class _Substitute(relax.PyExprMutator):
         self.const_map = const_map
 
     def visit_var_(self, var):
-        return self.var_map.get(var.name, var)
+        return self.var_map.get(var, var)
 
     def visit_dataflow_var_(self, var):
-        return self.var_map.get(var.name, var)
+        return self.var_map.get(var, var)
 
     def visit_generic_const_(self, const):
         for old, new in self.const_map:
@@ -158,20 +158,20 @@ def _assign_units(bindings, groups: list[list[int]]) -> list[int]:
     for g, members in enumerate(groups):
         for pos in members:
             unit_of[pos] = g
-    owner = {b.var.name: unit_of[pos] for pos, b in enumerate(bindings)}
+    owner = {b.var: unit_of[pos] for pos, b in enumerate(bindings)}
     for pos, b in enumerate(bindings):
         value = b.value
         if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
-            src = owner.get(value.tuple_value.name)
+            src = owner.get(value.tuple_value)
             if src is not None and src < len(groups):
                 unit_of[pos] = src
-                owner[b.var.name] = src
+                owner[b.var] = src
     return unit_of
 
 
 def _unit_order(bindings, unit_of: list[int], num_groups: int) -> list[int]:
     """Units in a topological order, earliest original binding first among ready ones."""
-    defined_in = {b.var.name: unit_of[pos] for pos, b in enumerate(bindings)}
+    defined_in = {b.var: unit_of[pos] for pos, b in enumerate(bindings)}
     first_pos: dict[int, int] = {}
     deps: dict[int, set[int]] = {}
     for pos, b in enumerate(bindings):
@@ -179,7 +179,7 @@ def _unit_order(bindings, unit_of: list[int], num_groups: int) -> list[int]:
         first_pos.setdefault(unit, pos)
         deps.setdefault(unit, set())
         for var in relax.analysis.free_vars(b.value):
-            src = defined_in.get(var.name)
+            src = defined_in.get(var)
             if src is not None and src != unit:
                 deps[unit].add(src)
     users: dict[int, list[int]] = {u: [] for u in deps}

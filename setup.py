@@ -18,7 +18,9 @@ INSTALL_REQUIRES = [
 
 EXTRAS = {
     "bench": ["onnxruntime", "matplotlib"],
-    "models": ["torch==2.13.0", "transformers", "timm", "onnxscript"],
+    # torchvision from PyPI is a CUDA build; with CPU torch its ops do not load, which
+    # scripts/export_models.py works around (it needs only the model definitions).
+    "models": ["torch==2.13.0", "torchvision==0.28.0", "transformers", "timm", "onnxscript"],
     "opencl": ["pyopencl"],
     "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff", "onnxruntime", "matplotlib"],
 }

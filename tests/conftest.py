@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tvm
 
-from tvm_fusion.compile import compile_model, fuse, import_onnx, input_order, run
+from tvm_fusion.compile import compile_model, fuse, import_onnx, graph_input_names, run
 from tvm_fusion.testing import compare, onnx_reference, random_inputs
 
 TARGET = tvm.target.Target("llvm")
@@ -19,7 +19,7 @@ def check_model(model, rtol=1e-4, atol=1e-5, seed=0, **options):
     """
     mod = import_onnx(model)
     feeds = random_inputs(model, seed=seed)
-    inputs = [feeds[name] for name in input_order(mod)]
+    inputs = [feeds[name] for name in graph_input_names(model)]
     reference = onnx_reference(model, feeds)
     ours = run(compile_model(mod, TARGET, **options), inputs)
     stock = run(compile_model(mod, TARGET, strategy="tvm"), inputs)

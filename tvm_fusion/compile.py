@@ -134,10 +134,11 @@ def _flatten(value) -> list[np.ndarray]:
     return out
 
 
-def input_order(mod: tvm.IRModule) -> list[str]:
-    """Names of ``main``'s runtime inputs, in call order."""
-    func = mod["main"]
-    params = list(func.params)
-    if func.attrs is not None and "num_input" in func.attrs:
-        params = params[: int(func.attrs["num_input"])]
-    return [p.name for p in params]
+def graph_input_names(model: onnx.ModelProto) -> list[str]:
+    """The ONNX graph inputs that are fed at run time, in the order ``main`` takes them.
+
+    ``from_onnx`` keeps this order but renames inputs that are not valid identifiers (``"0"``
+    becomes ``input_0``), so feeds must be matched by position, never by the Relax name.
+    """
+    initializers = {init.name for init in model.graph.initializer}
+    return [vi.name for vi in model.graph.input if vi.name not in initializers]

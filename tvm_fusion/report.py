@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
-from .compile import compile_model, count_kernels, fuse, import_onnx, input_order, run
+from .compile import compile_model, count_kernels, fuse, import_onnx, graph_input_names, run
 from .relay_passes.plan_fusion import ModulePlan
 
 
@@ -96,7 +96,7 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
 
     if check:
         feeds = random_inputs(model, seed=seed)
-        order = input_order(mod)
+        order = graph_input_names(model)
         inputs = [feeds[k] for k in order]
         ours = run(compile_model(mod, target, **options), inputs)
         stock = run(compile_model(mod, target, strategy="tvm"), inputs)

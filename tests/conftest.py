@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tvm
 
-from tvm_fusion.compile import compile_model, fuse, import_onnx, graph_input_names, run
+from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_onnx, run
 from tvm_fusion.testing import compare, onnx_reference, random_inputs
 
 TARGET = tvm.target.Target("llvm")

@@ -5,9 +5,9 @@ import time
 import numpy as np
 import onnx
 import pytest
+from conftest import TARGET, check_model
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import TARGET, check_model
 from tvm_fusion.compile import count_kernels, fuse, import_onnx
 from tvm_fusion.models import figure3_graph, transformer_encoder_layer
 from tvm_fusion.relay_passes.fusion_table import Colour, FusionTable
@@ -166,10 +166,10 @@ def _long_model(num_ops: int):
 
 
 def test_planning_2000_operators_under_2s():
+    import tvm
+
     from tvm_fusion.relay_passes.plan_fusion import plan_module
     from tvm_fusion.transform import legalize_passes
-
-    import tvm
 
     model = _long_model(2000)
     with TARGET:

@@ -2,10 +2,10 @@
 
 import pytest
 import tvm
+from conftest import TARGET, check_model
 from hypothesis import HealthCheck, given, settings
 
-from conftest import TARGET, check_model
-from tvm_fusion.compile import import_onnx, graph_input_names, run
+from tvm_fusion.compile import graph_input_names, import_onnx, run
 from tvm_fusion.models import BUILTIN_MODELS, get_builtin
 from tvm_fusion.testing import (
     compare,

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
-from .compile import compile_model, count_kernels, fuse, import_onnx, graph_input_names, run
+from .compile import compile_model, count_kernels, fuse, graph_input_names, import_onnx, run
 from .relay_passes.plan_fusion import ModulePlan
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -52,7 +51,6 @@ __all__ = [
     "onnx_reference",
     "random_dag_models",
     "random_inputs",
-    "run_backend_case_stock",
     "run_tvm_stock",
     "single_op_model",
 ]
@@ -958,29 +956,15 @@ TVM_UNSUPPORTED: dict[str, str] = {
 }
 
 
-def _flatten_vm_output(out) -> list[np.ndarray]:
-    if hasattr(out, "numpy"):
-        return [out.numpy()]
-    result: list[np.ndarray] = []
-    for item in out:
-        result.extend(_flatten_vm_output(item))
-    return result
-
-
 def run_tvm_stock(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Import with ``from_onnx`` (weights as constants), ``tvm.compile(mod, "llvm")``, run on CPU.
 
     This is the unfused TVM baseline the fusion pipelines are compared against.
     """
-    import tvm
-    from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
+    from .compile import compile_model, import_onnx, run
 
-    mod = from_onnx(model, keep_params_in_input=False)
-    ex = tvm.compile(mod, "llvm")
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    args = [tvm.runtime.tensor(feeds[vi.name]) for vi in _graph_inputs(model)]
-    return _flatten_vm_output(vm["main"](*args))
+    executable = compile_model(import_onnx(model), "llvm", strategy="none")
+    return run(executable, [feeds[vi.name] for vi in _graph_inputs(model)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1063,37 +1047,3 @@ def load_backend_case(
     expected = [_read_tensor(f) for f in _numbered(data, "output")]
     return model, feeds, expected
 
-
-def run_backend_case_stock(
-    path: str | Path, rtol: float = 1e-3, atol: float = 1e-4
-) -> dict[str, float]:
-    """Import, compile with stock ``tvm.compile(mod, "llvm")``, run and check one backend case.
-
-    Returns timings and the max abs error. Import/compile/run failures are re-raised as
-    ``RuntimeError`` (TVM itself raises bare ``AssertionError`` in places, e.g. topi's PRelu),
-    so an ``AssertionError`` always means a numerical mismatch found by :func:`compare`.
-    """
-    import tvm
-    from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
-
-    model, feeds, expected = load_backend_case(path)
-    t0 = time.perf_counter()
-    stage = "import"
-    try:
-        mod = from_onnx(model, keep_params_in_input=False)
-        t1 = time.perf_counter()
-        stage = "compile"
-        ex = tvm.compile(mod, "llvm")
-        t2 = time.perf_counter()
-        stage = "run"
-        vm = relax.VirtualMachine(ex, tvm.cpu())
-        outs = _flatten_vm_output(vm["main"](*[tvm.runtime.tensor(v) for v in feeds.values()]))
-        t3 = time.perf_counter()
-    except Exception as err:
-        msg = " | ".join(str(err).strip().splitlines()[-2:])
-        raise RuntimeError(
-            f"{Path(path).name}: TVM {stage} failed: {type(err).__name__}: {msg}"
-        ) from err
-    err = compare(outs, expected, rtol=rtol, atol=atol)
-    return {"import_s": t1 - t0, "compile_s": t2 - t1, "run_s": t3 - t2, "max_abs_err": err}

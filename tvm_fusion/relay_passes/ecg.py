@@ -96,7 +96,7 @@ class ECG:
         return all(block_of.get(s) == block_of[index] for s in node.succs)
 
 
-class _FuncCache:
+class FuncCache:
     """Analysis and FLOPs per PrimFunc, shared by every call site of a module."""
 
     def __init__(self, mod: tvm.IRModule):
@@ -125,14 +125,14 @@ def build_ecg(
     block: relax.DataflowBlock,
     weight_params: frozenset[str] = frozenset(),
     broadcast_policy: str = "expanding_only",
-    cache: _FuncCache | None = None,
+    cache: FuncCache | None = None,
 ) -> ECG:
     """Build the ECG of a legalized dataflow block.
 
     ``weight_params`` names function parameters that hold weights (``num_input`` convention);
     constants in the IR are weights too.
     """
-    cache = cache or _FuncCache(mod)
+    cache = cache or FuncCache(mod)
     nodes: list[ECGNode] = []
     # Keyed by the Var objects: Relax names are not unique (``lv25`` may be bound twice).
     var_to_node: dict[relax.Var, int] = {}

@@ -30,7 +30,7 @@ def group_bindings(mod: tvm.IRModule, group_fn: GroupFn) -> tvm.IRModule:
     """
     rewriter = _GroupRewriter(mod, group_fn)
     for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function) and not _is_primitive(func):
+        if isinstance(func, relax.Function) and not is_primitive(func):
             rewriter.current_name = gvar.name_hint
             rewriter.block_index = 0
             new_func = rewriter.visit_expr(func)
@@ -38,7 +38,8 @@ def group_bindings(mod: tvm.IRModule, group_fn: GroupFn) -> tvm.IRModule:
     return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
 
 
-def _is_primitive(func: relax.Function) -> bool:
+def is_primitive(func: relax.Function) -> bool:
+    """A function FuseOps (or we) outlined for FuseTIR: never planned again."""
     return func.attrs is not None and "Primitive" in func.attrs and bool(func.attrs["Primitive"])
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from .ecg import _FuncCache, build_ecg
+from .ecg import FuncCache, build_ecg
 from .fusion_plan import FusionPlan, PlanOptions, plan_dnnfusion
-from .grouping import group_bindings
+from .grouping import group_bindings, is_primitive
 
 STRATEGIES = ("dnnfusion", "tvm")
 
@@ -56,10 +56,10 @@ def plan_module(
     """Plan every dataflow block of every non-primitive Relax function of a legalized module."""
     options = options or PlanOptions()
     start = time.perf_counter()
-    cache = _FuncCache(mod)
+    cache = FuncCache(mod)
     result = ModulePlan()
     for gvar, func in mod.functions.items():
-        if not isinstance(func, relax.Function) or _is_primitive(func):
+        if not isinstance(func, relax.Function) or is_primitive(func):
             continue
         weights = weight_param_names(func)
         for index, block in enumerate(_dataflow_blocks(func)):
@@ -74,10 +74,6 @@ def _dataflow_blocks(func: relax.Function) -> list[relax.DataflowBlock]:
     if not isinstance(body, relax.SeqExpr):
         return []
     return [b for b in body.blocks if isinstance(b, relax.DataflowBlock)]
-
-
-def _is_primitive(func: relax.Function) -> bool:
-    return func.attrs is not None and "Primitive" in func.attrs and bool(func.attrs["Primitive"])
 
 
 def apply_plan(mod: tvm.IRModule, module_plan: ModulePlan) -> tvm.IRModule:

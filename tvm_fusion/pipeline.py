@@ -34,8 +34,9 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """Stock DLight rules on every fused PrimFunc, one function at a time.
 
     DLight's rules were written for FuseOps' groups; on a larger DNNFusion block a rule can fail
-    (0.27's GEMV ``normalize`` asserts). Such a function is retried with the remaining rules and
-    a warning names it, rather than failing the whole build. Our own GPU schedules replace this.
+    (0.27's GEMV ``normalize`` asserts) or produce TIR that does not lower. Such a function is
+    retried with fewer rules and a warning names it, rather than failing the whole build. Our
+    own GPU schedules (``tir_schedules/``) are to replace this.
     """
     from tvm.s_tir import dlight as dl
 
@@ -49,10 +50,14 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     for gvar, func in list(mod.functions.items()):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
-        single = tvm.IRModule({gvar: func})
         for attempt, rules in enumerate(rule_sets):
-            try:
-                mod[gvar] = dl.ApplyDefaultSchedule(*rules)(single)[gvar]
+            try:  # a fresh module each time: passes may rewrite a uniquely owned one in place
+                scheduled = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({gvar: func}))
+                # Some schedules only fail when lowered (0.27's Matmul rule on a conv with a
+                # prologue leaves a buffer used before its definition): lower to be sure.
+                probe = scheduled[gvar].with_attr("global_symbol", gvar.name_hint)
+                tvm.tirx.build(tvm.IRModule({gvar: probe}), tvm.target.Target.current())
+                mod[gvar] = scheduled[gvar]
                 break
             except Exception as err:  # noqa: BLE001 (DLight raises bare AssertionErrors)
                 if attempt == len(rule_sets) - 1:

@@ -117,11 +117,13 @@ def _cmd_compile(args) -> int:
 def _cmd_report(args) -> int:
     import os
 
+    from tqdm import tqdm
+
     from .compile import load_onnx
     from .report import format_report, make_report
 
     reports = []
-    for path in args.models:
+    for path in tqdm(args.models, desc="report", unit="model", disable=len(args.models) < 2):
         model = load_onnx(path)
         name = os.path.splitext(os.path.basename(path))[0]
         reports.append(make_report(model, name, args.target, check=not args.no_check,

@@ -45,7 +45,7 @@ class ECGNode:
     out_dtypes: list[str]
     irs_bytes: int  # bytes of the result(s) this operator writes
     flops: int
-    weight_inputs: int  # arguments that are constants (model weights)
+    weight_inputs: tuple[int, ...]  # positions of the arguments that are weights (constants)
     preds: list[int] = field(default_factory=list)
     succs: list[int] = field(default_factory=list)
     is_graph_output: bool = False  # its result (or a field of it) leaves the dataflow block
@@ -217,7 +217,7 @@ def _make_node(index, pos, var, call, weight_params, policy, cache) -> ECGNode |
         index=index, binding_index=pos, var=var, op_name=op_name,
         mapping_type=found.mapping_type, reason=found.reason, fusible=fusible,
         out_shapes=out_shapes, out_dtypes=out_dtypes, irs_bytes=numel_bytes, flops=flops,
-        weight_inputs=len(weights),
+        weight_inputs=tuple(sorted(weights)),
     )
 
 

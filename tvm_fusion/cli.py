@@ -74,7 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     comp.set_defaults(func=_cmd_compile)
 
     rep = sub.add_parser("report", help="the fusion report of ONNX models")
-    rep.add_argument("models", nargs="+")
+    rep.add_argument("models", nargs="*", help="ONNX files (or --zoo)")
+    rep.add_argument("--zoo", action="store_true",
+                     help="every model of the zoo folder: Markdown, JSON and a chart in --out")
+    rep.add_argument("--models-dir", help="zoo folder (default $TVM_FUSION_MODELS or ./models)")
+    rep.add_argument("--out", default="out/zoo", help="where --zoo writes its files")
     rep.add_argument("--json", action="store_true", help="print JSON instead of text")
     rep.add_argument("--why", action="store_true", help="print every rejected pair and why")
     rep.add_argument("--no-check", action="store_true", help="skip the numerical check")
@@ -122,6 +126,10 @@ def _cmd_report(args) -> int:
     from .compile import load_onnx
     from .report import format_report, make_report
 
+    if args.zoo:
+        return _cmd_zoo(args)
+    if not args.models:
+        raise ValueError("report needs ONNX files, or --zoo")
     reports = []
     for path in tqdm(args.models, desc="report", unit="model", disable=len(args.models) < 2):
         model = load_onnx(path)
@@ -132,6 +140,19 @@ def _cmd_report(args) -> int:
         print(json.dumps([r.to_json() for r in reports], indent=2))
     else:
         print("\n\n".join(format_report(r, why=args.why) for r in reports))
+    return 0
+
+
+def _cmd_zoo(args) -> int:
+    from pathlib import Path
+
+    from .zoo import to_markdown, write_outputs, zoo_models, zoo_reports
+
+    paths = [Path(p) for p in args.models] or zoo_models(args.models_dir)
+    reports = zoo_reports(paths, args.target, check=not args.no_check, **_options(args))
+    written = write_outputs(reports, args.out)
+    print(to_markdown(reports))
+    print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0
 
 

@@ -30,7 +30,8 @@ class ModelReport:
     name: str
     onnx_nodes: int
     operators: int  # operators after legalisation (ECG nodes)
-    compute_intensive: int  # Many-to-Many operators (conv, matmul, reductions, ...)
+    compute_intensive: int  # CIL: operators that reuse input elements (conv, matmul)
+    memory_intensive: int  # MIL: every other operator
     stock_kernels: int
     fused_kernels: int
     anchor_bound: int
@@ -66,14 +67,14 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     if not record:  # strategy "tvm": plan anyway, to report the ECG and the anchor bound
         record.append(_plan_only(mod, target))
     module_plan = record[0]
+    nodes = [n for p in module_plan.plans.values() for n in p.ecg.nodes]
 
     report = ModelReport(
         name=name,
         onnx_nodes=len(model.graph.node),
         operators=module_plan.num_operators,
-        compute_intensive=sum(
-            n.mapping_type.short == "M2M" for p in module_plan.plans.values() for n in p.ecg.nodes
-        ),
+        compute_intensive=sum(n.compute_intensive for n in nodes),
+        memory_intensive=sum(not n.compute_intensive for n in nodes),
         stock_kernels=count_kernels(stock_mod),
         fused_kernels=count_kernels(fused_mod),
         anchor_bound=module_plan.anchor_bound,
@@ -127,7 +128,7 @@ def format_report(report: ModelReport, why: bool = False) -> str:
     """Human-readable text of a report; ``why`` adds every rejected pair and yellow decision."""
     lines = [
         f"model {report.name}: {report.onnx_nodes} ONNX nodes, {report.operators} operators "
-        f"({report.compute_intensive} compute-intensive)",
+        f"({report.compute_intensive} compute-, {report.memory_intensive} memory-intensive)",
         f"  kernels: stock TVM {report.stock_kernels}, tvm_fusion {report.fused_kernels} "
         f"(anchor bound {report.anchor_bound}; fusion rate {report.fusion_rate:.2f})",
         f"  intermediate results: {_mb(report.irs_bytes_before)} before, "

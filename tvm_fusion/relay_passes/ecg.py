@@ -28,6 +28,7 @@ from .mapping_type import (
 )
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+CIL_FLOPS_PER_ELEMENT = 8
 
 
 @dataclass
@@ -46,6 +47,7 @@ class ECGNode:
     irs_bytes: int  # bytes of the result(s) this operator writes
     flops: int
     weight_inputs: tuple[int, ...]  # positions of the arguments that are weights (constants)
+    in_elements: int = 0  # elements of all tensor arguments (for arithmetic intensity)
     preds: list[int] = field(default_factory=list)
     succs: list[int] = field(default_factory=list)
     is_graph_output: bool = False  # its result (or a field of it) leaves the dataflow block
@@ -53,6 +55,13 @@ class ECGNode:
     @property
     def name(self) -> str:
         return self.var.name
+
+    @property
+    def compute_intensive(self) -> bool:
+        """DNNFusion's CIL: input elements are reused (conv, matmul). We call an operator
+        compute-intensive when it does at least ``CIL_FLOPS_PER_ELEMENT`` FLOPs per input element;
+        the paper leaves Softmax and pooling ambiguous, and this puts both with the MILs."""
+        return self.flops >= CIL_FLOPS_PER_ELEMENT * max(self.in_elements, 1)
 
     def describe(self) -> str:
         return f"{self.name}={self.op_name}[{self.mapping_type.short}]"
@@ -218,6 +227,8 @@ def _make_node(index, pos, var, call, weight_params, policy, cache) -> ECGNode |
         mapping_type=found.mapping_type, reason=found.reason, fusible=fusible,
         out_shapes=out_shapes, out_dtypes=out_dtypes, irs_bytes=numel_bytes, flops=flops,
         weight_inputs=tuple(sorted(weights)),
+        in_elements=sum(shape_numel(s) or 0 for a in args for s in _result_types(a.ty)[0]
+                        if s is not None),
     )
 
 

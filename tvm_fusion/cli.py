@@ -1,4 +1,4 @@
-"""``tvm-fusion``: demo | compile | report.
+"""``tvm-fusion``: demo | compile | report | bench.
 
 Bad input (a malformed ONNX file, an unsupported operator, an unknown option) is one line on
 stderr and exit code 2, never a traceback from inside TVM.
@@ -11,6 +11,7 @@ import json
 import sys
 
 from . import __version__
+from .bench import ALL_VARIANTS
 
 EXIT_BAD_INPUT = 2
 
@@ -84,7 +85,32 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--no-check", action="store_true", help="skip the numerical check")
     common(rep)
     rep.set_defaults(func=_cmd_report)
+    bench = sub.add_parser("bench", help="latency side by side: stock TVM, tvm_fusion, "
+                                         "ONNX Runtime, PyTorch")
+    bench.add_argument("models", nargs="*", help="ONNX files (default: the zoo folder)")
+    bench.add_argument("--models-dir", help="zoo folder (default $TVM_FUSION_MODELS or ./models)")
+    bench.add_argument("--target", default="llvm", help="TVM target: kind, tag or JSON dict")
+    bench.add_argument("--variants", default=",".join(ALL_VARIANTS),
+                       help=f"comma-separated subset of {','.join(ALL_VARIANTS)}")
+    bench.add_argument("--repeat", type=int, default=10)
+    bench.add_argument("--warmup", type=int, default=2)
+    bench.add_argument("--out", default="out/bench", help="where JSON, Markdown and PNG go")
+    bench.set_defaults(func=_cmd_bench)
     return parser
+
+
+def _cmd_bench(args) -> int:
+    from pathlib import Path
+
+    from .bench import run_bench, to_markdown
+    from .zoo import zoo_models
+
+    paths = [Path(p) for p in args.models] or zoo_models(args.models_dir)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    rows = run_bench(paths, args.target, variants, args.repeat, args.warmup, args.out)
+    print(to_markdown(rows))
+    print(f"wrote {args.out}/bench.json, bench.md, bench.png")
+    return 0
 
 
 def _options(args) -> dict:

@@ -1,0 +1,53 @@
+"""Smoke versions of the zoo table and the benchmark on two small models (the full runs are
+documented commands in docs/benchmarks.md)."""
+
+import json
+
+import onnx
+import pytest
+
+from tvm_fusion.cli import main
+from tvm_fusion.models import get_builtin
+
+
+@pytest.fixture
+def zoo(tmp_path):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name in ("encoder", "figure3"):
+        onnx.save(get_builtin(name), folder / f"{name}.onnx")
+    return folder
+
+
+def test_zoo_table(zoo, tmp_path, capsys):
+    out = tmp_path / "zoo"
+    assert main(["report", "--zoo", "--models-dir", str(zoo), "--out", str(out)]) == 0
+    rows = {r["name"]: r for r in json.loads((out / "zoo.json").read_text())}
+    assert rows["encoder"]["fused_kernels"] == 13 and rows["encoder"]["stock_kernels"] == 19
+    assert rows["figure3"]["fused_kernels"] == 2
+    assert rows["encoder"]["compute_intensive"] + rows["encoder"]["memory_intensive"] == 50
+    assert rows["encoder"]["max_error_vs_onnx"] < 1e-4
+    assert (out / "zoo_kernels.png").stat().st_size > 1000
+    assert "| encoder | 50 |" in (out / "zoo.md").read_text()
+
+
+def test_bench_side_by_side(zoo, tmp_path):
+    out = tmp_path / "bench"
+    args = ["bench", str(zoo / "figure3.onnx"), str(zoo / "encoder.onnx"), "--repeat", "2",
+            "--warmup", "1", "--variants", "tvm-default,tvm_fusion,onnxruntime,pytorch",
+            "--out", str(out)]
+    assert main(args) == 0
+    data = json.loads((out / "bench.json").read_text())
+    rows = {(r["model"], r["variant"]): r for r in data["rows"]}
+    for model in ("figure3", "encoder"):
+        assert rows[(model, "tvm_fusion")]["median_ms"] > 0
+        assert rows[(model, "tvm_fusion")]["max_error"] < 1e-4
+        assert rows[(model, "onnxruntime")]["max_error"] < 1e-4  # optimised vs plain ORT
+        # builtin models have no PyTorch definition: skipped, with the reason
+        assert rows[(model, "pytorch")]["note"].startswith("skipped")
+    assert (out / "bench.png").exists() and (out / "bench.md").exists()
+
+
+def test_bench_rejects_unknown_variant(zoo, capsys):
+    assert main(["bench", str(zoo / "figure3.onnx"), "--variants", "tensorrt"]) == 2
+    assert "unknown bench variant 'tensorrt'" in capsys.readouterr().err

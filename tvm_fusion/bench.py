@@ -1,0 +1,220 @@
+"""Side-by-side latency in one run: stock TVM, tvm_fusion, ONNX Runtime, PyTorch eager.
+
+Every variant runs the same random inputs; medians over ``repeat`` timed runs after ``warmup``
+untimed ones; the error column is the max abs difference from the reference (ONNX Runtime with
+graph optimisations off), so a fast wrong answer shows. TVM variants:
+
+* ``tvm-default``: ``tvm.compile(mod, target)`` as a user gets it (on CPU: no fusion);
+* ``tvm-fuseops``: stock ``relax.get_default_pipeline`` (FuseOps + FuseTIR, DLight on GPUs);
+* ``tvm_fusion``: the ``"tvm_fusion"`` pipeline.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+TVM_VARIANTS = {"tvm-default": "none", "tvm-fuseops": "tvm", "tvm_fusion": "dnnfusion"}
+ALL_VARIANTS = (*TVM_VARIANTS, "onnxruntime", "pytorch")
+
+
+@dataclass
+class Measurement:
+    model: str
+    variant: str
+    median_ms: float | None
+    max_error: float | None  # vs ONNX Runtime
+    note: str = ""
+
+
+def _median_ms(fn: Callable[[], object], warmup: int, repeat: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def _tvm_runner(model, target: str, strategy: str, inputs: list[np.ndarray]):
+    import tvm
+    from tvm import relax
+
+    from .compile import _flatten, compile_model, import_onnx, to_target
+
+    tgt = to_target(target)
+    device = tvm.device("cpu" if tgt.kind.name in ("llvm", "c") else tgt.kind.name, 0)
+    vm = relax.VirtualMachine(compile_model(import_onnx(model), tgt, strategy=strategy), device)
+    args = [tvm.runtime.tensor(x, device) for x in inputs]
+
+    def call():
+        out = vm["main"](*args)
+        device.sync()
+        return out
+
+    return call, lambda: _flatten(call())
+
+
+def _ort_runner(model, feeds: dict):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count() or 1
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return (lambda: session.run(None, feeds)), (lambda: session.run(None, feeds))
+
+
+def _torch_runner(name: str, feeds: dict):
+    """PyTorch eager from the export script's own definition, when torch and it are present."""
+    script = next((p for p in (Path(__file__).resolve().parents[1] / "scripts/export_models.py",
+                               Path.cwd() / "scripts/export_models.py") if p.exists()), None)
+    if script is None or importlib.util.find_spec("torch") is None:
+        raise LookupError("PyTorch or scripts/export_models.py not available")
+    spec_obj = importlib.util.spec_from_file_location("tvm_fusion_export_models", script)
+    module = importlib.util.module_from_spec(spec_obj)
+    sys.modules[spec_obj.name] = module
+    spec_obj.loader.exec_module(module)
+    if name not in module.MODELS:
+        raise LookupError(f"{name} is not in the export script's registry")
+    import torch
+
+    spec = module.MODELS[name]
+    torch.manual_seed(module.SEED)
+    net = module.calibrate(spec.build().eval(), spec)
+    torch.set_num_threads(os.cpu_count() or 1)
+    args = [torch.from_numpy(feeds[i.name]) for i in spec.inputs]
+
+    def call():
+        with torch.no_grad():
+            return net(*args)
+
+    def outputs():
+        out = call()
+        return [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
+
+    return call, outputs
+
+
+def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARIANTS,
+                repeat: int = 10, warmup: int = 2, seed: int = 0, progress=None):
+    """Time every variant of one ONNX model; returns a list of :class:`Measurement`."""
+    from .compile import graph_input_names, load_onnx
+    from .testing import onnx_reference, random_inputs
+
+    unknown = sorted(set(variants) - set(ALL_VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown bench variant {unknown[0]!r}; expected {ALL_VARIANTS}")
+    name = Path(path).stem
+    model = load_onnx(path)
+    feeds = random_inputs(model, seed=seed)
+    inputs = [feeds[k] for k in graph_input_names(model)]
+    reference = onnx_reference(model, feeds)
+    rows = []
+    for variant in variants:
+        if progress is not None:
+            progress.set_postfix_str(f"{name}/{variant}")
+        try:
+            if variant in TVM_VARIANTS:
+                call, outputs = _tvm_runner(model, target, TVM_VARIANTS[variant], inputs)
+            elif variant == "onnxruntime":
+                call, outputs = _ort_runner(model, feeds)
+            else:
+                call, outputs = _torch_runner(name, feeds)
+        except LookupError as err:
+            rows.append(Measurement(name, variant, None, None, f"skipped: {err}"))
+            if progress is not None:
+                progress.update(1)
+            continue
+        error = max(float(np.abs(np.asarray(a, "float64") - np.asarray(b, "float64")).max())
+                    for a, b in zip(outputs(), reference) if np.asarray(a).size)
+        rows.append(Measurement(name, variant, round(_median_ms(call, warmup, repeat), 4), error))
+        if progress is not None:
+            progress.update(1)
+    return rows
+
+
+def run_bench(paths: list[Path], target="llvm", variants=ALL_VARIANTS, repeat=10, warmup=2,
+              out_dir: str | os.PathLike = "out/bench") -> list[Measurement]:
+    """Bench several models with one progress bar; writes JSON, Markdown and a PNG chart."""
+    from tqdm import tqdm
+
+    rows: list[Measurement] = []
+    with tqdm(total=len(paths) * len(variants), desc="bench", unit="run") as bar:
+        for path in paths:
+            rows += bench_model(path, target, variants, repeat, warmup, progress=bar)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic(out / "bench.json", json.dumps(
+        {"target": str(target), "repeat": repeat, "warmup": warmup, "machine": machine(),
+         "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+    _atomic(out / "bench.md", to_markdown(rows) + "\n")
+    plot(rows, out / "bench.png")
+    return rows
+
+
+def machine() -> str:
+    import platform
+
+    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def to_markdown(rows: list[Measurement]) -> str:
+    models = list(dict.fromkeys(r.model for r in rows))
+    variants = list(dict.fromkeys(r.variant for r in rows))
+    cell = {(r.model, r.variant): r for r in rows}
+    head = "| model | " + " | ".join(f"{v} (ms)" for v in variants) + " | max abs err vs ORT |"
+    lines = [head, "|" + "---|" * (len(variants) + 2)]
+    for m in models:
+        vals, errs = [], []
+        for v in variants:
+            r = cell.get((m, v))
+            vals.append("—" if r is None or r.median_ms is None else f"{r.median_ms:.2f}")
+            if r is not None and r.max_error is not None and v != "onnxruntime":
+                errs.append(f"{v} {r.max_error:.1e}")
+        lines.append(f"| {m} | " + " | ".join(vals) + " | " + "; ".join(errs) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Measurement], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r.model for r in rows))
+    variants = list(dict.fromkeys(r.variant for r in rows))
+    width = 0.8 / max(len(variants), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(models) + 2), 4))
+    for i, v in enumerate(variants):
+        ys = [next((r.median_ms or 0 for r in rows if r.model == m and r.variant == v), 0)
+              for m in models]
+        ax.bar([j + (i - (len(variants) - 1) / 2) * width for j in range(len(models))], ys,
+               width, label=v)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(models)), models, rotation=30, ha="right")
+    ax.set_ylabel("median latency (ms, log scale)")
+    ax.set_title("Latency per inference (lower is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

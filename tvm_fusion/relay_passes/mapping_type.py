@@ -109,6 +109,7 @@ class BlockAccess:
     reduction: bool
     reads: tuple[ReadAccess, ...]
     reason: str
+    scan: bool = False  # a recurrence over its own output (cumsum): M2M, and left unfused
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ def analyze_primfunc(func: tirx.PrimFunc, num_outputs: int = 1) -> FuncAccess:
         if isinstance(result, str):
             return FuncAccess((), num_inputs, f"block {block.name_hint!r}: {result}", fusible=False)
         analysed.append(result)
-    fusible = all(not b.reason.startswith("scan") for b in analysed)
+    fusible = not any(b.scan for b in analysed)
     return FuncAccess(tuple(analysed), num_inputs, None, fusible)
 
 
@@ -220,7 +221,8 @@ def _analyze_block(block, input_index: dict[str, int]) -> BlockAccess | str:
     if not iter_vars:  # an opaque block: legal TIR, but no iteration domain to reason about
         if any(ld.source.name in written for ld in loads):
             reads = tuple(_read(ld, input_index, MappingType.MANY_TO_MANY, "scan") for ld in loads)
-            return BlockAccess(block.name_hint, False, reads, "scan: reads its own output")
+            return BlockAccess(block.name_hint, False, reads, "scan: reads its own output",
+                               scan=True)
         return "opaque block without iteration domain"
 
     reduction = any(int(iv.iter_type) == _ITER_REDUCE for iv in iter_vars)
@@ -354,7 +356,7 @@ def _classify_indices(indices, store_vars, extents, ranges, buffer):
 def _classify_block(block: BlockAccess, const_inputs, policy: str) -> Classification:
     if block.reduction:
         return Classification(MappingType.MANY_TO_MANY, f"{block.name}: reduction")
-    if block.reason.startswith("scan"):
+    if block.scan:
         return Classification(MappingType.MANY_TO_MANY, f"{block.name}: {block.reason}")
     reads = list(block.reads)
     if policy == "expanding_only":

@@ -1,0 +1,43 @@
+"""Write a file so that a crash leaves either the old file or the new one, never half of one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder.
+
+    The temporary file is flushed and fsynced, then ``os.replace``d over ``path`` (atomic on
+    POSIX and Windows within one file system), and the folder is fsynced so the rename itself
+    survives a power cut. A reader sees the old content or the new, never a torn write.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: str) -> None:
+    if not hasattr(os, "O_DIRECTORY"):  # Windows: directories cannot be opened
+        return
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems do not support it; the rename is still atomic
+        pass
+    finally:
+        os.close(fd)

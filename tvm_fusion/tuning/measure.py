@@ -1,0 +1,298 @@
+"""Time a candidate's fused and split variants on a device and store both in the database.
+
+Each variant of a :class:`~.candidate.Candidate` is built the way the real build would build
+it (``FuseTIR``, then the schedule strategy, then TVM's own dataflow lowering and
+finalisation for the target), compiled with ``tvm.compile`` and timed by a :class:`Runner`:
+
+* :class:`LocalRunner` runs on this machine's device for the target;
+* :class:`RPCRunner` runs on a remote device through a ``tvm.rpc`` session (a tracker-issued
+  phone, say); it exports the library, uploads it and times it there. Issue 7 plugs its
+  tracker sessions in here.
+
+Both time ``invoke_stateful`` of the Relax VM with ``time_evaluator`` after one warm-up run,
+so the same code path is timed as in deployment, and keep every repeat as a sample.
+
+**Schedule strategies** (DNNFusion notes §8.2 item 9): a yellow verdict holds for the scheduler
+that produced it, so the strategy id is part of the database key and both variants of a
+candidate are always built with the same one. ``"unscheduled"`` is what the tvm_fusion CPU
+build runs today (FuseTIR output, one loop nest per operator, TVM's default TIR lowering);
+``"dlight"`` is stock DLight per fused function, as tvm_fusion's GPU pipeline does.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .candidate import Candidate
+from .database import Entry, Measurement, ProfilingDatabase
+
+
+class MeasureError(RuntimeError):
+    """A variant could not be built or run; the message names the candidate and variant."""
+
+
+# ---------------------------------------------------------------------- schedule strategies
+
+@dataclass(frozen=True)
+class ScheduleStrategy:
+    """How a variant's PrimFuncs are scheduled before lowering; ``id`` goes into the key."""
+
+    id: str
+    apply: Callable[[tvm.IRModule, tvm.target.Target], tvm.IRModule]
+
+
+def _unscheduled(mod: tvm.IRModule, _target) -> tvm.IRModule:
+    return mod
+
+
+def _dlight(mod: tvm.IRModule, target) -> tvm.IRModule:
+    # The GPU build's own pass, so a verdict is measured on the code the build emits.
+    from ..pipeline import apply_gpu_schedules
+
+    with target:
+        return apply_gpu_schedules(mod)
+
+
+STRATEGIES = {
+    "unscheduled": ScheduleStrategy("unscheduled", _unscheduled),
+    "dlight": ScheduleStrategy("dlight", _dlight),
+}
+
+
+def default_strategy(target: tvm.target.Target) -> ScheduleStrategy:
+    """What tvm_fusion's pipeline does for ``target``: DLight on GPUs, nothing on CPUs."""
+    return STRATEGIES["dlight" if "gpu" in target.keys else "unscheduled"]
+
+
+def resolve_strategy(strategy, target: tvm.target.Target) -> ScheduleStrategy:
+    if strategy is None:
+        return default_strategy(target)
+    if isinstance(strategy, ScheduleStrategy):
+        return strategy
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown schedule strategy {strategy!r}; expected one of "
+                         f"{', '.join(STRATEGIES)} or a ScheduleStrategy")
+    return STRATEGIES[strategy]
+
+
+# ---------------------------------------------------------------------------------- runners
+
+class Runner(Protocol):
+    """Times a compiled executable; ``device_key`` and ``method`` go into the database."""
+
+    method: str  # "local" | "rpc"
+    device_key: str
+
+    def time(self, executable, inputs: list[np.ndarray]) -> list[float]:
+        """Seconds per run, one per repeat."""
+        ...
+
+
+@dataclass
+class TimingConfig:
+    """``time_evaluator`` settings: ``repeat`` samples, each the mean of ``number`` runs (at
+    least ``min_repeat_ms`` long, so a microsecond kernel is not timed by the clock's tick)."""
+
+    number: int = 1
+    repeat: int = 5
+    min_repeat_ms: int = 10
+
+
+def local_device_key(target: tvm.target.Target) -> str:
+    """Which device local latencies are valid for: the device type, the CPU model (or GPU
+    name) and the core count. Hostnames are left out: containers change them every run."""
+    dev = tvm.device(target.get_target_device_type(), 0)
+    kind = str(dev).split(":", 1)[0]  # "cpu:0" -> "cpu"
+    if kind == "cpu":
+        return f"local/cpu/{_cpu_model()}/x{os.cpu_count()}"
+    try:
+        name = dev.device_name if dev.exist else "absent"
+    except Exception:  # noqa: BLE001 (a runtime built without this device type)
+        name = "unknown"
+    return f"local/{kind}/{name}"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+class LocalRunner:
+    """Runs on this machine's device for ``target``."""
+
+    method = "local"
+
+    def __init__(self, target: tvm.target.Target, config: TimingConfig | None = None,
+                 device_key: str | None = None):
+        self.device = tvm.device(target.get_target_device_type(), 0)
+        self.config = config or TimingConfig()
+        self.device_key = device_key or local_device_key(target)
+
+    def time(self, executable, inputs: list[np.ndarray]) -> list[float]:
+        return _time_vm(relax.VirtualMachine(executable, self.device), self.device, inputs,
+                        self.config)
+
+
+class RPCRunner:
+    """Runs on the device of an RPC session (``tvm.rpc.connect_tracker(...).request(key)``).
+
+    Parameters
+    ----------
+    session
+        A ``tvm.rpc.RPCSession`` (``rpc.LocalSession()`` works for tests).
+    device_key
+        The database's name for that device (the tracker key plus the model, say).
+    device_type
+        ``"cpu"``, ``"opencl"``, ``"cuda"``, ...: the remote device to run on.
+    export
+        ``export(executable, path)``: writes a library the remote can load; defaults to
+        ``executable.export_library(path)``. Android needs the NDK's ``fcompile`` here.
+    """
+
+    method = "rpc"
+
+    def __init__(self, session, device_key: str, device_type: str = "cpu",
+                 config: TimingConfig | None = None,
+                 export: Callable[[object, str], None] | None = None,
+                 library_name: str = "tvm_fusion_candidate.so"):
+        self.session = session
+        self.device_key = device_key
+        self.device = session.device(device_type, 0)
+        self.config = config or TimingConfig()
+        self.export = export or (lambda ex, path: ex.export_library(path))
+        self.library_name = library_name
+
+    def time(self, executable, inputs: list[np.ndarray]) -> list[float]:
+        with tempfile.TemporaryDirectory(prefix="tvm_fusion_rpc_") as tmp:
+            path = os.path.join(tmp, self.library_name)
+            self.export(executable, path)
+            self.session.upload(path)
+        remote = self.session.load_module(self.library_name)
+        vm = relax.VirtualMachine(remote, self.device)
+        return _time_vm(vm, self.device, inputs, self.config)
+
+
+def _time_vm(vm, device, inputs: list[np.ndarray], config: TimingConfig) -> list[float]:
+    vm.set_input("main", *[tvm.runtime.tensor(x, device) for x in inputs])
+    vm.invoke_stateful("main")  # warm-up: first-touch allocation and caches
+    device.sync()
+    timer = vm.time_evaluator("invoke_stateful", device, number=config.number,
+                              repeat=config.repeat, min_repeat_ms=config.min_repeat_ms)
+    return [float(r) for r in timer("main").results]
+
+
+# ------------------------------------------------------------------------------- building
+
+def build_variant(candidate: Candidate, variant: str, target: tvm.target.Target,
+                  strategy: ScheduleStrategy):
+    """Compile one variant with ``strategy`` and the target's own lowering."""
+    backend = _backend(target)
+    mod = strategy.apply(candidate.variant_module(variant), target)
+    lowering = tvm.transform.Sequential(
+        backend.dataflow_lower_passes(target) + backend.finalize_passes(target))
+    return tvm.compile(mod, target, relax_pipeline=lowering)
+
+
+def _backend(target: tvm.target.Target):
+    """TVM's per-target lowering (``cpu_generic`` imported directly: 0.27's
+    ``relax.pipeline.dataflow_lower_passes(llvm)`` is broken)."""
+    if target.kind.name == "cuda":
+        from tvm.relax.backend.cuda import pipeline as backend
+    elif "gpu" in target.keys:
+        from tvm.relax.backend.gpu_generic import pipeline as backend
+    else:
+        from tvm.relax.backend.cpu_generic import pipeline as backend
+    return backend
+
+
+# ------------------------------------------------------------------------------- measurer
+
+class Measurer:
+    """Database-backed timing of candidates: a cache hit is never measured again.
+
+    Parameters
+    ----------
+    database
+        Where results go (and are looked up first).
+    target
+        The build target; its JSON text is the ``target`` of every key.
+    runner
+        Where variants run; defaults to :class:`LocalRunner` for ``target``.
+    strategy
+        A strategy id or :class:`ScheduleStrategy`; defaults to :func:`default_strategy`.
+    """
+
+    def __init__(self, database: ProfilingDatabase, target: tvm.target.Target,
+                 runner: Runner | None = None, strategy=None, seed: int = 0):
+        self.database = database
+        self.target = target
+        self.target_key = target_key(target)
+        self.runner = runner or LocalRunner(target)
+        self.strategy = resolve_strategy(strategy, target)
+        self.seed = seed
+        self.measured = 0  # variants timed by this measurer
+        self.seconds = 0.0  # spent building and timing them
+
+    @property
+    def device_key(self) -> str:
+        return self.runner.device_key
+
+    def lookup(self, candidate: Candidate) -> dict[str, Entry | None]:
+        """Both variants' entries (``None`` for a miss), measuring nothing."""
+        return {v: self.database.lookup(self.target_key, self.device_key, self.strategy.id,
+                                        candidate.hash, v)
+                for v in candidate.variants}
+
+    def ensure(self, candidate: Candidate) -> tuple[dict[str, Entry], list[str]]:
+        """Entries of both variants, measuring (and storing) the ones missing.
+
+        Returns the entries and the variants that were measured now.
+        """
+        found = self.lookup(candidate)
+        measured = []
+        for variant, entry in found.items():
+            if entry is None:
+                found[variant] = self.measure(candidate, variant)
+                measured.append(variant)
+        return found, measured
+
+    def measure(self, candidate: Candidate, variant: str) -> Entry:
+        """Build, run and store one variant, whether or not the database has it."""
+        start = time.perf_counter()
+        try:
+            executable = build_variant(candidate, variant, self.target, self.strategy)
+            samples = self.runner.time(executable, candidate.random_inputs(self.seed))
+        except Exception as err:  # noqa: BLE001 (TVM raises many types; name the candidate)
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise MeasureError(
+                f"measuring {variant} of {candidate.describe()} failed: {first}") from err
+        finally:
+            self.seconds += time.perf_counter() - start
+        self.measured += 1
+        return self.database.record(Measurement(
+            target=self.target_key, device_key=self.device_key, strategy=self.strategy.id,
+            kernel_hash=candidate.hash, variant=variant, samples=samples,
+            method=self.runner.method, shapes=candidate.shapes,
+            description=candidate.describe(), features=candidate.features(variant, self.target),
+            tvm_version=tvm.__version__))
+
+
+def target_key(target: tvm.target.Target) -> str:
+    """The target as the database spells it: TVM's canonical JSON text of the target."""
+    return str(target)

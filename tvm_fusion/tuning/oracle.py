@@ -1,0 +1,181 @@
+"""The yellow-cell oracle chain: database → measurement → model → analytic default.
+
+:class:`ProfilingOracle` implements the planner's ``ProfitabilityOracle``. For a yellow
+(fuse_depend) pair it asks, in order, and the first that can answer decides:
+
+1. **db**: the profiling database has both variants of the candidate (fused, and the block and
+   the new operator as two kernels) for this target, device and schedule strategy;
+2. **measure** (``mode="measure"`` only): build and time the missing variants now, store them,
+   decide on the measurement;
+3. **model**: a :class:`~.cost_model.LatencyModel` trained on the database predicts both; the
+   decision says it is a prediction and how wrong the model was on held-out kernels;
+4. **analytic**: the fallback oracle (the planner's ``AnalyticOracle`` by default); its detail
+   says why nothing above answered.
+
+The verdict is DNNFusion's: keep the pair apart when the fused kernel is slower than the two
+apart (``fused > split × (1 + margin)``). ``mode="off"`` skips the database and measurement.
+The ``Decision.source`` is ``"db"``, ``"measure"``, ``"model"`` or the fallback's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import tvm
+
+from ..relay_passes.ecg import ECG
+from ..relay_passes.fusion_plan import AnalyticOracle, Decision, PlanOptions
+from ..relay_passes.plan_fusion import ModulePlan, plan_module
+from .candidate import FUSED, Candidate, CandidateError, PrimFuncHashes, from_ecg, index_block
+from .database import Entry, ProfilingDatabase
+from .measure import MeasureError, Measurer, Runner
+
+MODES = ("db", "measure", "off")
+
+
+class ProfilingOracle:
+    """Decides yellow cells from measurements (see the module docstring).
+
+    Parameters
+    ----------
+    database
+        A :class:`ProfilingDatabase` (or a path to one); required unless ``mode="off"``.
+    mode
+        ``"db"``: look up, never measure; ``"measure"``: look up, measure misses;
+        ``"off"``: neither (model, then fallback).
+    model
+        A trained :class:`~.cost_model.LatencyModel`, asked when the database cannot answer.
+    fallback
+        The last resort; defaults to ``AnalyticOracle()``.
+    target
+        Build target; defaults to ``Target.current()`` at the first decision, then ``llvm``.
+    runner
+        Where measurements run (default: a local runner for the target); its ``device_key``
+        is also the device looked up in ``"db"`` mode.
+    strategy
+        Schedule strategy id (``"unscheduled"``, ``"dlight"``); default per target.
+    margin
+        Fuse unless ``fused > split × (1 + margin)``; 0 is the paper's rule.
+    """
+
+    def __init__(self, database: ProfilingDatabase | str | None = None, mode: str = "db",
+                 model=None, fallback=None, target: tvm.target.Target | str | None = None,
+                 runner: Runner | None = None, strategy=None, margin: float = 0.0,
+                 seed: int = 0):
+        if mode not in MODES:
+            raise ValueError(f"unknown profile mode {mode!r}; expected one of {MODES}")
+        if mode != "off" and database is None:
+            raise ValueError(f"profile mode {mode!r} needs a profiling database")
+        if isinstance(database, (str, bytes)) or hasattr(database, "__fspath__"):
+            database = ProfilingDatabase(database)
+        self.database = database
+        self.mode = mode
+        self.model = model
+        self.fallback = fallback or AnalyticOracle()
+        self.margin = float(margin)
+        self._target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
+        self._runner = runner
+        self._strategy = strategy
+        self._seed = seed
+        self._measurer: Measurer | None = None
+        self._module: tvm.IRModule | None = None
+        self._hashes: PrimFuncHashes | None = None
+        self._indices: dict[int, tuple] = {}
+        self.counts: Counter = Counter()  # decisions per source
+
+    # ------------------------------------------------------------------------------ setup
+
+    def bind(self, mod: tvm.IRModule) -> ProfilingOracle:
+        """The legalized module being planned (the ECG names PrimFuncs, the module holds
+        them). Not needed once ``ECG`` carries its module."""
+        self._module = mod
+        self._hashes = PrimFuncHashes(mod)
+        self._indices.clear()
+        return self
+
+    @property
+    def measurer(self) -> Measurer:
+        if self._measurer is None:
+            target = self._target or tvm.target.Target.current() or tvm.target.Target("llvm")
+            self._measurer = Measurer(self.database, target, self._runner, self._strategy,
+                                      self._seed)
+        return self._measurer
+
+    @property
+    def measure_seconds(self) -> float:
+        return self._measurer.seconds if self._measurer else 0.0
+
+    def candidate(self, ecg: ECG, block: list[int], node: int,
+                  producer_first: bool) -> Candidate:
+        """The candidate the planner asks about, with its database key."""
+        mod = getattr(ecg, "module", None) or self._module
+        if mod is None:
+            raise ValueError("ProfilingOracle needs the module being planned: call "
+                             "oracle.bind(mod) first (or use tuning.oracle.plan_module_profiled)")
+        if self._module is not mod:
+            self.bind(mod)
+        cached = self._indices.get(id(ecg))
+        if cached is None or cached[0] is not ecg:
+            cached = (ecg, index_block(ecg.block))
+            self._indices[id(ecg)] = cached
+        return from_ecg(mod, ecg, list(block), node, producer_first, cached[1], self._hashes)
+
+    # --------------------------------------------------------------------------- decision
+
+    def decide(self, ecg: ECG, block: list[int], node: int, producer_first: bool) -> Decision:
+        decision = self._decide(ecg, block, node, producer_first)
+        self.counts[decision.source] += 1
+        return decision
+
+    def _decide(self, ecg, block, node, producer_first) -> Decision:
+        why = []
+        try:
+            cand = self.candidate(ecg, block, node, producer_first)
+        except CandidateError as err:
+            cand = None
+            why.append(f"cannot extract the candidate: {err}")
+        if cand is not None and self.mode != "off":
+            found = self.measurer.lookup(cand)
+            if all(found.values()):
+                return self._verdict(cand, found, "db")
+            if self.mode == "measure":
+                try:
+                    found, _ = self.measurer.ensure(cand)
+                    return self._verdict(cand, found, "measure")
+                except MeasureError as err:
+                    why.append(str(err))
+            else:
+                why.append("no database entry")
+        if cand is not None and self.model is not None:
+            return self._predict(cand)
+        if self.model is None:
+            why.append("no model")
+        fallback = self.fallback.decide(ecg, block, node, producer_first)
+        return dataclasses.replace(fallback,
+                                   detail=f"{fallback.detail} ({'; '.join(why)})")
+
+    def _verdict(self, cand: Candidate, found: dict[str, Entry], source: str) -> Decision:
+        fused, split = found[FUSED], found[cand.split_variant]
+        fuse = fused.median <= split.median * (1.0 + self.margin)
+        detail = (f"fused {fused.median * 1e6:.1f} us vs split {split.median * 1e6:.1f} us "
+                  f"(median of {fused.count}/{split.count} runs on {fused.device_key}, "
+                  f"{fused.strategy}; key {cand.hash[:12]})")
+        return Decision(fuse, source, detail)
+
+    def _predict(self, cand: Candidate) -> Decision:
+        target = self.measurer.target
+        fused = self.model.predict(cand.features(FUSED, target))
+        split = self.model.predict(cand.features(cand.split_variant, target))
+        fuse = fused <= split * (1.0 + self.margin)
+        detail = (f"predicted, not measured: fused {fused * 1e6:.1f} us vs split "
+                  f"{split * 1e6:.1f} us ({self.model.summary()})")
+        return Decision(fuse, "model", detail)
+
+
+def plan_module_profiled(mod: tvm.IRModule, oracle: ProfilingOracle,
+                         options: PlanOptions | None = None,
+                         broadcast_policy: str = "expanding_only") -> ModulePlan:
+    """``plan_module`` with ``oracle`` deciding the yellow cells (bound to ``mod`` first)."""
+    options = dataclasses.replace(options or PlanOptions(), oracle=oracle.bind(mod))
+    return plan_module(mod, options, broadcast_policy)

@@ -6,6 +6,8 @@ graph optimisations off), so a fast wrong answer shows. TVM variants:
 
 * ``tvm-default``: ``tvm.compile(mod, target)`` as a user gets it (on CPU: no fusion);
 * ``tvm-fuseops``: stock ``relax.get_default_pipeline`` (FuseOps + FuseTIR, DLight on GPUs);
+* ``tvm-fuseops-sched``: stock FuseOps grouping through the tvm_fusion pipeline with our CPU
+  schedules (``strategy="tvm", schedule=True``), so fusion's own gain is isolated;
 * ``tvm_fusion``: the ``"tvm_fusion"`` pipeline.
 """
 
@@ -23,7 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-TVM_VARIANTS = {"tvm-default": "none", "tvm-fuseops": "tvm", "tvm_fusion": "dnnfusion"}
+# variant -> compile_model keyword arguments
+TVM_VARIANTS = {
+    "tvm-default": {"strategy": "none"},
+    "tvm-fuseops": {"strategy": "tvm"},
+    # stock FuseOps grouping + our CPU schedules: isolates what DNNFusion's grouping adds
+    "tvm-fuseops-sched": {"strategy": "tvm", "schedule": True},
+    "tvm_fusion": {"strategy": "dnnfusion"},
+}
 ALL_VARIANTS = (*TVM_VARIANTS, "onnxruntime", "pytorch")
 
 
@@ -47,7 +56,7 @@ def _median_ms(fn: Callable[[], object], warmup: int, repeat: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def _tvm_runner(model, target: str, strategy: str, inputs: list[np.ndarray]):
+def _tvm_runner(model, target: str, compile_kwargs: dict, inputs: list[np.ndarray]):
     import tvm
     from tvm import relax
 
@@ -55,7 +64,7 @@ def _tvm_runner(model, target: str, strategy: str, inputs: list[np.ndarray]):
 
     tgt = to_target(target)
     device = tvm.device("cpu" if tgt.kind.name in ("llvm", "c") else tgt.kind.name, 0)
-    vm = relax.VirtualMachine(compile_model(import_onnx(model), tgt, strategy=strategy), device)
+    vm = relax.VirtualMachine(compile_model(import_onnx(model), tgt, **compile_kwargs), device)
     args = [tvm.runtime.tensor(x, device) for x in inputs]
 
     def call():

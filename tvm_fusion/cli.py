@@ -1,4 +1,4 @@
-"""``tvm-fusion``: demo | compile | report | bench.
+"""``tvm-fusion``: demo | compile | report | bench | db.
 
 Bad input (a malformed ONNX file, an unsupported operator, an unknown option) is one line on
 stderr and exit code 2, never a traceback from inside TVM.
@@ -61,6 +61,14 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--strategy", default="dnnfusion", help="dnnfusion | tvm")
         p.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
                        help="a tvm_fusion option (see docs/options.md), repeatable")
+        p.add_argument("--profile", choices=("off", "db", "measure"),
+                       help="yellow cells: profiling database lookups, measuring misses, or off")
+        p.add_argument("--profile-db", help="profiling database (default $TVM_FUSION_DB)")
+        p.add_argument("--latency-model", help="a trained XGBoost latency model (JSON)")
+        p.add_argument("--no-rewrite", action="store_true",
+                       help="skip mathematical-property rewriting")
+        p.add_argument("--no-layout", action="store_true",
+                       help="skip SmartMem layout-transform elimination")
 
     demo = sub.add_parser("demo", help="run the whole flow on the built-in models")
     demo.add_argument("--model", default="all", help="encoder | figure3 | all")
@@ -96,6 +104,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=2)
     bench.add_argument("--out", default="out/bench", help="where JSON, Markdown and PNG go")
     bench.set_defaults(func=_cmd_bench)
+
+    from .tuning.db_cli import add_db_parser
+
+    add_db_parser(sub)
     return parser
 
 
@@ -116,6 +128,14 @@ def _cmd_bench(args) -> int:
 def _options(args) -> dict:
     options = _parse_options(args.option)
     options["strategy"] = args.strategy
+    for flag, key in (("profile", "profile"), ("profile_db", "profile_db"),
+                      ("latency_model", "latency_model")):
+        if getattr(args, flag, None) is not None:
+            options[key] = getattr(args, flag)
+    if getattr(args, "no_rewrite", False):
+        options["rewrite"] = False
+    if getattr(args, "no_layout", False):
+        options["layout"] = False
     return options
 
 

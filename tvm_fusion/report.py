@@ -38,6 +38,9 @@ class ModelReport:
     irs_bytes_before: int
     irs_bytes_after: int
     planning_seconds: float
+    flops_before_rewrite: int | None = None  # high-level FLOPs, DNNFusion §4.2
+    flops_after_rewrite: int | None = None
+    rules_fired: dict = field(default_factory=dict)
     blocks: list[BlockRow] = field(default_factory=list)
     rejections: list[dict] = field(default_factory=list)
     yellow: list[dict] = field(default_factory=list)
@@ -63,25 +66,31 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     mod = import_onnx(model)
     stock_mod = fuse(mod, target, strategy="tvm")
     record: list[ModulePlan] = []
-    fused_mod = fuse(mod, target, record=record, **options)
-    if not record:  # strategy "tvm": plan anyway, to report the ECG and the anchor bound
-        record.append(_plan_only(mod, target))
-    module_plan = record[0]
-    nodes = [n for p in module_plan.plans.values() for n in p.ecg.nodes]
+    rewrites: list = []
+    fused_mod = fuse(mod, target, record=record, rewrite_record=rewrites, **options)
+    # "Before fusion" is the model as imported: no rewriting, no layout elimination (which
+    # pre-fuses), so operators, CIL/MIL, the anchor bound and IRS-before are the model's own.
+    original = _plan_only(mod, target)
+    module_plan = record[0] if record else original
+    nodes = [n for p in original.plans.values() for n in p.ecg.nodes]
 
     report = ModelReport(
         name=name,
         onnx_nodes=len(model.graph.node),
-        operators=module_plan.num_operators,
+        operators=original.num_operators,
         compute_intensive=sum(n.compute_intensive for n in nodes),
         memory_intensive=sum(not n.compute_intensive for n in nodes),
         stock_kernels=count_kernels(stock_mod),
         fused_kernels=count_kernels(fused_mod),
-        anchor_bound=module_plan.anchor_bound,
-        irs_bytes_before=sum(p.ecg.irs_bytes_unfused() for p in module_plan.plans.values()),
+        anchor_bound=original.anchor_bound,
+        irs_bytes_before=sum(p.ecg.irs_bytes_unfused() for p in original.plans.values()),
         irs_bytes_after=sum(p.ecg.irs_bytes_fused(p.groups()) for p in module_plan.plans.values()),
         planning_seconds=round(module_plan.seconds, 4),
     )
+    if rewrites:
+        report.flops_before_rewrite = int(rewrites[0].flops_before)
+        report.flops_after_rewrite = int(rewrites[0].flops_after)
+        report.rules_fired = dict(rewrites[0].fired)
     kernel = 0
     for plan in module_plan.plans.values():
         for block in plan.blocks:
@@ -115,7 +124,7 @@ def _plan_only(mod, target) -> ModulePlan:
     tgt = to_target(target)
     record: list[ModulePlan] = []
     with tgt:
-        Sequential(tgt, record=record)(mod)
+        Sequential(tgt, record=record, rewrite=False, layout=False)(mod)
     return record[0]
 
 
@@ -135,6 +144,10 @@ def format_report(report: ModelReport, why: bool = False) -> str:
         f"{_mb(report.irs_bytes_after)} after fusion",
         f"  planning: {report.planning_seconds:.3f} s",
     ]
+    if report.flops_before_rewrite is not None:
+        fired = ", ".join(f"{k} {v}" for k, v in sorted(report.rules_fired.items())) or "none"
+        lines.append(f"  rewriting: {report.flops_before_rewrite / 1e9:.4f} -> "
+                     f"{report.flops_after_rewrite / 1e9:.4f} GFLOPs; rules fired: {fired}")
     if report.max_error_vs_onnx is not None:
         lines.append(f"  numerics: max |tvm_fusion - stock| = {report.max_error_vs_stock:.3g}, "
                      f"max |tvm_fusion - onnx| = {report.max_error_vs_onnx:.3g}")

@@ -1,8 +1,9 @@
 """Pass constructors; ``Sequential(target, **options)`` is the drop-in for a TVM build.
 
-It replaces the middle of stock TVM's Relax pipeline, ``LegalizeOps → … → FuseOps → FuseTIR``,
-with the same legalisation followed by mapping-type annotation and DNNFusion planning, and
-leaves lowering to TVM::
+It replaces the middle of stock TVM's Relax pipeline, ``LegalizeOps → … → FuseOps → FuseTIR``:
+mathematical-property rewriting, the same legalisation, SmartMem's layout-transform elimination,
+mapping-type annotation, DNNFusion planning (yellow cells from the profiling database), TVM's own
+``FuseTIR`` and, on CPU targets, one loop nest per fused block. Lowering stays TVM's::
 
     with target:
         mod = tvm_fusion.transform.Sequential(target)(mod)
@@ -14,14 +15,19 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .layout.smartmem import POLICIES as LAYOUT_POLICIES
+from .layout.smartmem import EliminateLayoutTransforms
 from .relay_passes.fusion_plan import SEED_POLICIES, AnalyticOracle, PlanOptions
 from .relay_passes.fusion_table import FusionTable
 from .relay_passes.mapping_type import BROADCAST_POLICIES, AnnotateMappingType
 from .relay_passes.plan_fusion import STRATEGIES, PlanFusion
+from .relay_passes.rewrite import RewriteByMathProperties
+from .tir_schedules.fused_block import ScheduleFusedBlocks
+from .tuning.oracle import MODES as PROFILE_MODES
 
 __all__ = [
-    "Sequential", "PlanFusion", "AnnotateMappingType", "OPTIONS", "legalize_passes",
-    "make_plan_options",
+    "Sequential", "PlanFusion", "AnnotateMappingType", "ScheduleFusedBlocks", "OPTIONS",
+    "legalize_passes", "make_plan_options",
 ]
 
 # Every option of Sequential with its default (the paper's value where it gives one).
@@ -33,9 +39,22 @@ OPTIONS = {
     "table3": None,  # {(first, second): "green" | "yellow" | "red"} colour overrides
     "flops_per_byte": 10.0,  # analytic yellow-cell oracle: recompute FLOPs one saved byte pays
     "record": None,  # a list; each run appends its ModulePlan (for reports)
+    "schedule": True,  # CPU targets: ScheduleFusedBlocks after FuseTIR (one loop nest/block)
+    "fast_math": True,  # scheduled CPU code: vectorisable exp/erf/tanh/sigmoid (~1e-7 rel. err)
+    "rewrite": True,  # DNNFusion §4.2: RewriteByMathProperties before legalisation
+    "rewrite_rules": None,  # rule names (None: all); see docs/rewrite.md
+    "allow_fp_reassociation": True,  # False: only rewrites exact in IEEE arithmetic
+    "rewrite_record": None,  # a list; each run appends its RewriteStats
+    "layout": True,  # SmartMem: EliminateLayoutTransforms before planning
+    "layout_policy": "reduction",  # "reduction" (the paper) | "vector"
+    "layout_copies": 1,  # extra layouts a producer may write for several consumers
+    "profile": "db",  # yellow cells: "db" (look up) | "measure" (and measure misses) | "off"
+    "profile_db": None,  # path of the profiling database (None: $TVM_FUSION_DB or ~/.cache)
+    "latency_model": None,  # path of a trained XGBoost latency model (tvm_fusion.tuning)
 }
 _CHOICES = {"strategy": STRATEGIES, "broadcast_policy": BROADCAST_POLICIES,
-            "seed_policy": SEED_POLICIES}
+            "seed_policy": SEED_POLICIES, "layout_policy": LAYOUT_POLICIES,
+            "profile": PROFILE_MODES}
 
 
 def _check_options(options: dict) -> dict:
@@ -51,11 +70,24 @@ def _check_options(options: dict) -> dict:
 
 
 def make_plan_options(**options) -> PlanOptions:
-    """The planner knobs from Sequential-style keyword options."""
+    """The planner knobs from Sequential-style keyword options (others are ignored).
+
+    Yellow cells go to the profiling database (``profile``), then the latency model, then the
+    analytic default; entries are keyed by the schedule that timed them, so a build without
+    our schedules never trusts timings of one with them.
+    """
+    from .tuning.oracle import make_oracle
+
     opts = _check_options(options)
+    if not opts["schedule"]:
+        schedule_id = "unscheduled"
+    else:
+        schedule_id = None if opts["fast_math"] else "fused_block-exact"
     return PlanOptions(
         table=FusionTable(opts["table3"]),
-        oracle=AnalyticOracle(float(opts["flops_per_byte"])),
+        oracle=make_oracle(opts["profile"], opts["profile_db"], opts["latency_model"],
+                           fallback=AnalyticOracle(float(opts["flops_per_byte"])),
+                           strategy=schedule_id),
         max_ops_per_block=int(opts["max_ops_per_block"]),
         seed_policy=opts["seed_policy"],
     )
@@ -80,17 +112,29 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
         A pass that composes with ``tvm.transform.Sequential`` and ``PassContext``.
     """
     opts = _check_options(options)
-    plan_options = make_plan_options(**{k: v for k, v in opts.items() if k != "record"})
+    plan_options = make_plan_options(**opts)
     resolved = _resolve_target(target)
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Sequential")
     def _sequential(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = resolved or tvm.target.Target.current() or tvm.target.Target("llvm")
-        passes = legalize_passes(tgt) + [
+        ours = opts["strategy"] != "tvm"  # "tvm" is stock TVM's graph passes, kept pure
+        passes = []
+        if ours and opts["rewrite"]:
+            passes.append(RewriteByMathProperties(
+                opts["rewrite_rules"], bool(opts["allow_fp_reassociation"]),
+                opts["rewrite_record"]))
+        passes += legalize_passes(tgt)
+        if ours and opts["layout"]:
+            passes.append(EliminateLayoutTransforms(tgt, opts["layout_policy"],
+                                                    int(opts["layout_copies"])))
+        passes += [
             AnnotateMappingType(opts["broadcast_policy"]),
             PlanFusion(opts["strategy"], plan_options, opts["broadcast_policy"], opts["record"]),
             relax.transform.FuseTIR(),
         ]
+        if opts["schedule"] and tgt.kind.name == "llvm":
+            passes.append(ScheduleFusedBlocks(tgt, fast_math=bool(opts["fast_math"])))
         with tgt:
             return tvm.transform.Sequential(passes)(mod)
 

@@ -116,6 +116,9 @@ class PlanFusion:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if self.strategy == "tvm":
             return relax.transform.FuseOps()(mod)
+        bind = getattr(self.options.oracle, "bind", None)
+        if bind is not None:  # a profiling oracle builds candidates from this module's PrimFuncs
+            bind(mod)
         module_plan = plan_module(mod, self.options, self.broadcast_policy)
         if self.record is not None:
             self.record.append(module_plan)

@@ -27,6 +27,7 @@ import json
 import os
 import sqlite3
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -166,9 +167,12 @@ class ProfilingDatabase:
         elif os.path.isdir(self.path):
             raise ProfilingDatabaseError(f"{self.path}: is a directory, not a database file")
         _check_header(self.path)
+        self._lock = threading.RLock()
         with self._errors("open"):
+            # One connection, usable from any thread of this process (TVM may run a pass
+            # elsewhere than where the oracle was made); ``_lock`` serialises its use.
             self.conn = sqlite3.connect(self.path, timeout=busy_timeout_s,
-                                        isolation_level=None)
+                                        isolation_level=None, check_same_thread=False)
         self.conn.row_factory = sqlite3.Row
         try:
             with self._errors("open"):
@@ -196,7 +200,8 @@ class ProfilingDatabase:
     def _errors(self, action: str):
         """SQLite errors name the file and the action, never just 'database is locked'."""
         try:
-            yield
+            with self._lock:
+                yield
         except ProfilingDatabaseError:
             raise
         except sqlite3.DatabaseError as err:
@@ -407,7 +412,7 @@ class ProfilingDatabase:
     def import_json(self, path: str | os.PathLike) -> dict:
         """Merge the entries of an export; returns ``{"added", "merged", "unchanged"}``."""
         doc = _check_json_is_ours(os.fspath(path))
-        counts = {"added": 0, "merged": 0, "unchanged": 0}
+        parsed = []  # every entry is checked before any is merged
         for number, raw in enumerate(doc["entries"]):
             try:
                 info = {k: raw[k] for k in (*_KEY, "shapes", "description", "method",
@@ -421,7 +426,10 @@ class ProfilingDatabase:
             except (KeyError, TypeError, ValueError, AttributeError) as err:
                 raise ProfilingDatabaseError(
                     f"{path}: entry {number} is not a tvm_fusion profiling entry "
-                    f"({type(err).__name__}: {err}); nothing after it was imported") from None
+                    f"({type(err).__name__}: {err}); nothing was imported") from None
+            parsed.append((info, runs))
+        counts = {"added": 0, "merged": 0, "unchanged": 0}
+        for info, runs in parsed:
             before = self.lookup(*(info[k] for k in _KEY))
             after = self._merge(info, runs)
             if before is None:

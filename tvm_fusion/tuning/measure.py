@@ -10,21 +10,27 @@ finalisation for the target), compiled with ``tvm.compile`` and timed by a :clas
   tracker sessions in here.
 
 Both time ``invoke_stateful`` of the Relax VM with ``time_evaluator`` after one warm-up run,
-so the same code path is timed as in deployment, and keep every repeat as a sample.
+so the same code path is timed as in deployment, and keep every repeat as a sample. The
+variants of one candidate are sampled in turns (ABBA), not one after the other, so that load
+from other processes biases neither.
 
 **Schedule strategies** (DNNFusion notes §8.2 item 9): a yellow verdict holds for the scheduler
 that produced it, so the strategy id is part of the database key and both variants of a
-candidate are always built with the same one. ``"unscheduled"`` is what the tvm_fusion CPU
-build runs today (FuseTIR output, one loop nest per operator, TVM's default TIR lowering);
-``"dlight"`` is stock DLight per fused function, as tvm_fusion's GPU pipeline does.
+candidate are always built with the same one: ``"fused_block"`` (``-exact``: without fast
+math) is the CPU build's ``ScheduleFusedBlocks`` (one loop nest per block); ``"unscheduled"``
+is FuseTIR output as it stands (one loop nest per operator, TVM's default TIR lowering), what
+the build does with ``schedule=False``; ``"dlight"`` is stock DLight per fused function, as
+tvm_fusion's GPU pipeline does.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -55,6 +61,17 @@ def _unscheduled(mod: tvm.IRModule, _target) -> tvm.IRModule:
     return mod
 
 
+def _fused_block(fast_math: bool):
+    def apply(mod: tvm.IRModule, target) -> tvm.IRModule:
+        # The CPU build's own pass (one loop nest per block), imported when first used.
+        from ..tir_schedules.fused_block import ScheduleFusedBlocks
+
+        with target:
+            return ScheduleFusedBlocks(target, fast_math=fast_math)(mod)
+
+    return apply
+
+
 def _dlight(mod: tvm.IRModule, target) -> tvm.IRModule:
     # The GPU build's own pass, so a verdict is measured on the code the build emits.
     from ..pipeline import apply_gpu_schedules
@@ -65,13 +82,21 @@ def _dlight(mod: tvm.IRModule, target) -> tvm.IRModule:
 
 STRATEGIES = {
     "unscheduled": ScheduleStrategy("unscheduled", _unscheduled),
+    "fused_block": ScheduleStrategy("fused_block", _fused_block(fast_math=True)),
+    "fused_block-exact": ScheduleStrategy("fused_block-exact", _fused_block(fast_math=False)),
     "dlight": ScheduleStrategy("dlight", _dlight),
 }
 
 
 def default_strategy(target: tvm.target.Target) -> ScheduleStrategy:
-    """What tvm_fusion's pipeline does for ``target``: DLight on GPUs, nothing on CPUs."""
-    return STRATEGIES["dlight" if "gpu" in target.keys else "unscheduled"]
+    """What tvm_fusion's pipeline does for ``target`` by default: DLight on GPUs,
+    ``ScheduleFusedBlocks`` (with fast math) on ``llvm``, nothing elsewhere."""
+    if "gpu" in target.keys:
+        return STRATEGIES["dlight"]
+    if target.kind.name == "llvm" and importlib.util.find_spec(
+            "tvm_fusion.tir_schedules.fused_block") is not None:
+        return STRATEGIES["fused_block"]
+    return STRATEGIES["unscheduled"]
 
 
 def resolve_strategy(strategy, target: tvm.target.Target) -> ScheduleStrategy:
@@ -87,17 +112,6 @@ def resolve_strategy(strategy, target: tvm.target.Target) -> ScheduleStrategy:
 
 # ---------------------------------------------------------------------------------- runners
 
-class Runner(Protocol):
-    """Times a compiled executable; ``device_key`` and ``method`` go into the database."""
-
-    method: str  # "local" | "rpc"
-    device_key: str
-
-    def time(self, executable, inputs: list[np.ndarray]) -> list[float]:
-        """Seconds per run, one per repeat."""
-        ...
-
-
 @dataclass
 class TimingConfig:
     """``time_evaluator`` settings: ``repeat`` samples, each the mean of ``number`` runs (at
@@ -106,6 +120,20 @@ class TimingConfig:
     number: int = 1
     repeat: int = 5
     min_repeat_ms: int = 10
+
+
+class Runner(Protocol):
+    """Times compiled executables; ``device_key`` and ``method`` go into the database."""
+
+    method: str  # "local" | "rpc"
+    device_key: str
+    config: TimingConfig
+
+    def prepare(self, executable, inputs: list[np.ndarray]) -> Callable[[], float]:
+        """Load ``executable``, feed ``inputs``, run it once; return a callable that times
+        one sample (seconds per run). The measurer interleaves the samples of the variants
+        it compares, so load that drifts during a measurement hits both alike."""
+        ...
 
 
 def local_device_key(target: tvm.target.Target) -> str:
@@ -144,9 +172,9 @@ class LocalRunner:
         self.config = config or TimingConfig()
         self.device_key = device_key or local_device_key(target)
 
-    def time(self, executable, inputs: list[np.ndarray]) -> list[float]:
-        return _time_vm(relax.VirtualMachine(executable, self.device), self.device, inputs,
-                        self.config)
+    def prepare(self, executable, inputs: list[np.ndarray]) -> Callable[[], float]:
+        return _vm_timer(relax.VirtualMachine(executable, self.device), self.device, inputs,
+                         self.config)
 
 
 class RPCRunner:
@@ -170,31 +198,38 @@ class RPCRunner:
     def __init__(self, session, device_key: str, device_type: str = "cpu",
                  config: TimingConfig | None = None,
                  export: Callable[[object, str], None] | None = None,
-                 library_name: str = "tvm_fusion_candidate.so"):
+                 library_suffix: str = ".so"):
         self.session = session
         self.device_key = device_key
         self.device = session.device(device_type, 0)
         self.config = config or TimingConfig()
         self.export = export or (lambda ex, path: ex.export_library(path))
-        self.library_name = library_name
+        self.library_suffix = library_suffix
 
-    def time(self, executable, inputs: list[np.ndarray]) -> list[float]:
+    def prepare(self, executable, inputs: list[np.ndarray]) -> Callable[[], float]:
+        # A fresh name per library: overwriting a shared object the remote process has loaded
+        # crashes it (dlopen hands back the old mapping of a file that changed underneath).
+        name = f"tvm_fusion_{uuid.uuid4().hex}{self.library_suffix}"
         with tempfile.TemporaryDirectory(prefix="tvm_fusion_rpc_") as tmp:
-            path = os.path.join(tmp, self.library_name)
+            path = os.path.join(tmp, name)
             self.export(executable, path)
             self.session.upload(path)
-        remote = self.session.load_module(self.library_name)
+        remote = self.session.load_module(name)
         vm = relax.VirtualMachine(remote, self.device)
-        return _time_vm(vm, self.device, inputs, self.config)
+        return _vm_timer(vm, self.device, inputs, self.config)
 
 
-def _time_vm(vm, device, inputs: list[np.ndarray], config: TimingConfig) -> list[float]:
+def _vm_timer(vm, device, inputs: list[np.ndarray], config: TimingConfig):
     vm.set_input("main", *[tvm.runtime.tensor(x, device) for x in inputs])
     vm.invoke_stateful("main")  # warm-up: first-touch allocation and caches
     device.sync()
-    timer = vm.time_evaluator("invoke_stateful", device, number=config.number,
-                              repeat=config.repeat, min_repeat_ms=config.min_repeat_ms)
-    return [float(r) for r in timer("main").results]
+    timer = vm.time_evaluator("invoke_stateful", device, number=config.number, repeat=1,
+                              min_repeat_ms=config.min_repeat_ms)
+
+    def sample() -> float:
+        return float(timer("main").results[0])
+
+    return sample
 
 
 # ------------------------------------------------------------------------------- building
@@ -246,8 +281,13 @@ class Measurer:
         self.runner = runner or LocalRunner(target)
         self.strategy = resolve_strategy(strategy, target)
         self.seed = seed
-        self.measured = 0  # variants timed by this measurer
-        self.seconds = 0.0  # spent building and timing them
+        self.seconds = 0.0  # spent building and timing variants
+        self.log: list[tuple[str, str, str]] = []  # (kernel hash, variant, run id) written
+
+    @property
+    def measured(self) -> int:
+        """Variants timed (not looked up) by this measurer."""
+        return len(self.log)
 
     @property
     def device_key(self) -> str:
@@ -265,32 +305,46 @@ class Measurer:
         Returns the entries and the variants that were measured now.
         """
         found = self.lookup(candidate)
-        measured = []
-        for variant, entry in found.items():
-            if entry is None:
-                found[variant] = self.measure(candidate, variant)
-                measured.append(variant)
-        return found, measured
+        missing = [v for v, entry in found.items() if entry is None]
+        if missing:
+            found.update(self.measure(candidate, missing))
+        return found, missing
 
-    def measure(self, candidate: Candidate, variant: str) -> Entry:
-        """Build, run and store one variant, whether or not the database has it."""
+    def measure(self, candidate: Candidate, variants: list[str]) -> dict[str, Entry]:
+        """Build, run and store ``variants``, whether or not the database has them.
+
+        Samples are interleaved (ABBA order: fused, split, split, fused, ...), so a change of
+        machine load during the measurement lands on every variant alike.
+        """
         start = time.perf_counter()
+        current = variants[0]
         try:
-            executable = build_variant(candidate, variant, self.target, self.strategy)
-            samples = self.runner.time(executable, candidate.random_inputs(self.seed))
+            timers = {}
+            inputs = candidate.random_inputs(self.seed)
+            for current in variants:
+                executable = build_variant(candidate, current, self.target, self.strategy)
+                timers[current] = self.runner.prepare(executable, inputs)
+            samples: dict[str, list[float]] = {v: [] for v in variants}
+            for round_ in range(self.runner.config.repeat):
+                for current in variants if round_ % 2 == 0 else variants[::-1]:
+                    samples[current].append(timers[current]())
         except Exception as err:  # noqa: BLE001 (TVM raises many types; name the candidate)
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise MeasureError(
-                f"measuring {variant} of {candidate.describe()} failed: {first}") from err
+                f"measuring {current} of {candidate.describe()} failed: {first}") from err
         finally:
             self.seconds += time.perf_counter() - start
-        self.measured += 1
-        return self.database.record(Measurement(
-            target=self.target_key, device_key=self.device_key, strategy=self.strategy.id,
-            kernel_hash=candidate.hash, variant=variant, samples=samples,
-            method=self.runner.method, shapes=candidate.shapes,
-            description=candidate.describe(), features=candidate.features(variant, self.target),
-            tvm_version=tvm.__version__))
+        entries = {}
+        for variant in variants:
+            measurement = Measurement(
+                target=self.target_key, device_key=self.device_key,
+                strategy=self.strategy.id, kernel_hash=candidate.hash, variant=variant,
+                samples=samples[variant], method=self.runner.method, shapes=candidate.shapes,
+                description=candidate.describe(),
+                features=candidate.features(variant, self.target), tvm_version=tvm.__version__)
+            entries[variant] = self.database.record(measurement)
+            self.log.append((candidate.hash, variant, measurement.run_id))
+        return entries
 
 
 def target_key(target: tvm.target.Target) -> str:

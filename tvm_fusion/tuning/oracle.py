@@ -13,13 +13,15 @@
    says why nothing above answered.
 
 The verdict is DNNFusion's: keep the pair apart when the fused kernel is slower than the two
-apart (``fused > split × (1 + margin)``). ``mode="off"`` skips the database and measurement.
+apart (``fused > split × (1 + margin)``, comparing the ``statistic`` of the samples, the
+fastest run by default). ``mode="off"`` skips the database and measurement.
 The ``Decision.source`` is ``"db"``, ``"measure"``, ``"model"`` or the fallback's own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter
 
 import tvm
@@ -29,9 +31,10 @@ from ..relay_passes.fusion_plan import AnalyticOracle, Decision, PlanOptions
 from ..relay_passes.plan_fusion import ModulePlan, plan_module
 from .candidate import FUSED, Candidate, CandidateError, PrimFuncHashes, from_ecg, index_block
 from .database import Entry, ProfilingDatabase
-from .measure import MeasureError, Measurer, Runner
+from .measure import LocalRunner, MeasureError, Measurer, Runner
 
 MODES = ("db", "measure", "off")
+STATISTICS = ("min", "median", "mean")
 
 
 class ProfilingOracle:
@@ -40,7 +43,9 @@ class ProfilingOracle:
     Parameters
     ----------
     database
-        A :class:`ProfilingDatabase` (or a path to one); required unless ``mode="off"``.
+        A :class:`ProfilingDatabase`, or a path to one: ``"measure"`` creates a missing file,
+        ``"db"`` does not (every yellow cell then falls through, saying so). Required for
+        ``"measure"``.
     mode
         ``"db"``: look up, never measure; ``"measure"``: look up, measure misses;
         ``"off"``: neither (model, then fallback).
@@ -53,22 +58,40 @@ class ProfilingOracle:
     runner
         Where measurements run (default: a local runner for the target); its ``device_key``
         is also the device looked up in ``"db"`` mode.
+    device_key
+        The device whose entries to use when no runner is given: a build host planning for a
+        phone looks up the phone's key (default: this machine's, :func:`.measure.local_device_key`).
     strategy
         Schedule strategy id (``"unscheduled"``, ``"dlight"``); default per target.
     margin
         Fuse unless ``fused > split × (1 + margin)``; 0 is the paper's rule.
+    statistic
+        Which latency of the samples is compared: ``"min"`` (default: on a shared machine,
+        interference only ever adds time, so the fastest run is the steadiest estimate of the
+        kernel itself), ``"median"`` or ``"mean"``.
     """
 
     def __init__(self, database: ProfilingDatabase | str | None = None, mode: str = "db",
                  model=None, fallback=None, target: tvm.target.Target | str | None = None,
-                 runner: Runner | None = None, strategy=None, margin: float = 0.0,
-                 seed: int = 0):
+                 runner: Runner | None = None, device_key: str | None = None,
+                 strategy=None, margin: float = 0.0, statistic: str = "min", seed: int = 0):
         if mode not in MODES:
             raise ValueError(f"unknown profile mode {mode!r}; expected one of {MODES}")
-        if mode != "off" and database is None:
-            raise ValueError(f"profile mode {mode!r} needs a profiling database")
-        if isinstance(database, (str, bytes)) or hasattr(database, "__fspath__"):
-            database = ProfilingDatabase(database)
+        if statistic not in STATISTICS:
+            raise ValueError(f"unknown statistic {statistic!r}; expected one of {STATISTICS}")
+        self.statistic = statistic
+        if mode == "measure" and database is None:
+            raise ValueError("profile mode 'measure' needs a profiling database")
+        self._no_database = "no profiling database"
+        if isinstance(database, str) or hasattr(database, "__fspath__"):
+            path = os.fspath(database)
+            if mode == "db" and not os.path.exists(path):  # looking up never creates a file
+                self._no_database = f"no profiling database at {path}"
+                database = None
+            elif mode != "off":
+                database = ProfilingDatabase(path)
+            else:
+                database = None
         self.database = database
         self.mode = mode
         self.model = model
@@ -76,6 +99,7 @@ class ProfilingOracle:
         self.margin = float(margin)
         self._target = tvm.target.Target(target) if isinstance(target, (str, dict)) else target
         self._runner = runner
+        self._device_key = device_key
         self._strategy = strategy
         self._seed = seed
         self._measurer: Measurer | None = None
@@ -95,10 +119,18 @@ class ProfilingOracle:
         return self
 
     @property
+    def target(self) -> tvm.target.Target:
+        """The target given, else the current one at the first decision, else ``llvm``."""
+        if self._target is None:
+            self._target = tvm.target.Target.current() or tvm.target.Target("llvm")
+        return self._target
+
+    @property
     def measurer(self) -> Measurer:
+        """Looks up and measures for this oracle's target, runner and strategy."""
         if self._measurer is None:
-            target = self._target or tvm.target.Target.current() or tvm.target.Target("llvm")
-            self._measurer = Measurer(self.database, target, self._runner, self._strategy,
+            runner = self._runner or LocalRunner(self.target, device_key=self._device_key)
+            self._measurer = Measurer(self.database, self.target, runner, self._strategy,
                                       self._seed)
         return self._measurer
 
@@ -130,12 +162,15 @@ class ProfilingOracle:
 
     def _decide(self, ecg, block, node, producer_first) -> Decision:
         why = []
-        try:
-            cand = self.candidate(ecg, block, node, producer_first)
-        except CandidateError as err:
-            cand = None
-            why.append(f"cannot extract the candidate: {err}")
-        if cand is not None and self.mode != "off":
+        cand = None
+        if self.mode != "off" or self.model is not None:
+            try:
+                cand = self.candidate(ecg, block, node, producer_first)
+            except CandidateError as err:
+                why.append(f"cannot extract the candidate: {err}")
+        if cand is not None and self.mode != "off" and self.database is None:
+            why.append(self._no_database)
+        elif cand is not None and self.mode != "off":
             found = self.measurer.lookup(cand)
             if all(found.values()):
                 return self._verdict(cand, found, "db")
@@ -149,24 +184,26 @@ class ProfilingOracle:
                 why.append("no database entry")
         if cand is not None and self.model is not None:
             return self._predict(cand)
-        if self.model is None:
+        if self.model is None and self.mode != "off":
             why.append("no model")
+        elif self.mode == "off":
+            why.append("profiling off")
         fallback = self.fallback.decide(ecg, block, node, producer_first)
         return dataclasses.replace(fallback,
                                    detail=f"{fallback.detail} ({'; '.join(why)})")
 
     def _verdict(self, cand: Candidate, found: dict[str, Entry], source: str) -> Decision:
         fused, split = found[FUSED], found[cand.split_variant]
-        fuse = fused.median <= split.median * (1.0 + self.margin)
-        detail = (f"fused {fused.median * 1e6:.1f} us vs split {split.median * 1e6:.1f} us "
-                  f"(median of {fused.count}/{split.count} runs on {fused.device_key}, "
-                  f"{fused.strategy}; key {cand.hash[:12]})")
+        f_s, s_s = getattr(fused, self.statistic), getattr(split, self.statistic)
+        fuse = f_s <= s_s * (1.0 + self.margin)
+        detail = (f"fused {f_s * 1e6:.1f} us vs split {s_s * 1e6:.1f} us "
+                  f"({self.statistic} of {fused.count}/{split.count} runs on "
+                  f"{fused.device_key}, {fused.strategy}; key {cand.hash[:12]})")
         return Decision(fuse, source, detail)
 
     def _predict(self, cand: Candidate) -> Decision:
-        target = self.measurer.target
-        fused = self.model.predict(cand.features(FUSED, target))
-        split = self.model.predict(cand.features(cand.split_variant, target))
+        fused, split = self.model.predict_pair(cand.features(FUSED, self.target),
+                                               cand.features(cand.split_variant, self.target))
         fuse = fused <= split * (1.0 + self.margin)
         detail = (f"predicted, not measured: fused {fused * 1e6:.1f} us vs split "
                   f"{split * 1e6:.1f} us ({self.model.summary()})")
@@ -179,3 +216,28 @@ def plan_module_profiled(mod: tvm.IRModule, oracle: ProfilingOracle,
     """``plan_module`` with ``oracle`` deciding the yellow cells (bound to ``mod`` first)."""
     options = dataclasses.replace(options or PlanOptions(), oracle=oracle.bind(mod))
     return plan_module(mod, options, broadcast_policy)
+
+
+def make_oracle(profile: str = "off", database=None, model=None, fallback=None, **kwargs):
+    """The yellow-cell oracle for ``Sequential``-style options.
+
+    ``profile="off"`` without a model returns ``fallback`` itself (the planner's
+    ``AnalyticOracle`` by default), so turning profiling off costs nothing. ``database`` is a
+    :class:`ProfilingDatabase` or a path (``None``: :func:`~.database.default_path`);
+    ``model`` a :class:`~.cost_model.LatencyModel` or the path of a saved one. Other keywords
+    go to :class:`ProfilingOracle` (``target``, ``runner``, ``strategy``, ``margin``,
+    ``statistic``).
+    """
+    from .cost_model import LatencyModel
+    from .database import default_path
+
+    if profile not in MODES:
+        raise ValueError(f"option profile={profile!r} is not one of {MODES}")
+    if isinstance(model, str) or hasattr(model, "__fspath__"):
+        model = LatencyModel.load(model)
+    fallback = fallback or AnalyticOracle()
+    if profile == "off" and model is None:
+        return fallback
+    if profile != "off" and database is None:
+        database = default_path()
+    return ProfilingOracle(database, profile, model=model, fallback=fallback, **kwargs)

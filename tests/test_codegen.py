@@ -1,0 +1,366 @@
+"""Fused code generation (``tir_schedules``): scheduling never changes what a model computes,
+every fused block becomes one loop nest except where a recorded reason says why, and each CPU
+rule is exercised on a small shape."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from conftest import TARGET
+from hypothesis import HealthCheck, given, settings
+from onnx import TensorProto, helper, numpy_helper
+from tvm import s_tir
+from tvm.script import tirx as T
+
+from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_onnx, run
+from tvm_fusion.models import get_builtin
+from tvm_fusion.relay_passes.mapping_type import (
+    FuncAccess,
+    MappingType,
+    analyze_primfunc,
+    classify,
+    num_primfunc_outputs,
+)
+from tvm_fusion.testing import compare, onnx_reference, random_dag_models, random_inputs
+from tvm_fusion.tir_schedules import fast_math as fm
+from tvm_fusion.tir_schedules.cpu_target import cpu_params
+from tvm_fusion.tir_schedules.fused_block import (
+    FALLBACK_ATTR,
+    KEPT_ATTR,
+    SCHEDULE_ATTR,
+    ScheduleFailedWarning,
+    ScheduleFusedBlocks,
+    schedule_primfunc,
+)
+from tvm_fusion.tir_utils import find_all
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _check(model: onnx.ModelProto, **options) -> tvm.IRModule:
+    """Scheduled and unscheduled builds agree, and both agree with ONNX; returns the scheduled
+    module after fusion (for structural assertions)."""
+    mod = import_onnx(model)
+    feeds = random_inputs(model)
+    inputs = [feeds[name] for name in graph_input_names(model)]
+    ours = run(compile_model(mod, TARGET, schedule=True, **options), inputs)
+    plain = run(compile_model(mod, TARGET, schedule=False, **options), inputs)
+    compare(ours, plain, rtol=RTOL, atol=ATOL)
+    compare(ours, onnx_reference(model, feeds), rtol=RTOL, atol=1e-4)
+    return fuse(mod, TARGET, **options)
+
+
+def _primfuncs(mod: tvm.IRModule):
+    return [(g.name_hint, f) for g, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+def _notes(mod: tvm.IRModule) -> str:
+    return "\n".join(n for _, f in _primfuncs(mod) for n in f.attrs.get(SCHEDULE_ATTR, []))
+
+
+# ------------------------------------------------------------------------------ numerics
+
+
+@pytest.mark.parametrize("strategy", ["dnnfusion", "tvm"])
+@pytest.mark.parametrize("name", ["encoder", "figure3"])
+def test_builtin_models_unchanged_by_scheduling(name, strategy):
+    mod = _check(get_builtin(name), strategy=strategy)
+    assert not any(FALLBACK_ATTR in f.attrs for _, f in _primfuncs(mod))
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(model=random_dag_models())
+def test_random_dags_unchanged_by_scheduling(model):
+    """Any fallback (TVM refusing a primitive on an odd block) is announced and recorded."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ScheduleFailedWarning)
+        mod = _check(model)
+    fallbacks = {n: f.attrs[FALLBACK_ATTR] for n, f in _primfuncs(mod) if FALLBACK_ATTR in f.attrs}
+    announced = [str(w.message) for w in caught if w.category is ScheduleFailedWarning]
+    assert all(reason for reason in fallbacks.values())
+    assert all(any(name in msg for msg in announced) for name in fallbacks)
+
+
+# ------------------------------------------------------------------- one loop nest per block
+
+_FUSIBLE = {MappingType.ONE_TO_ONE, MappingType.REORGANIZE, MappingType.SHUFFLE}
+_STAGE_PASSES = [s_tir.transform.LowerInitBlock(),
+                 s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+                 s_tir.transform.ConvertBlocksToOpaque(),
+                 s_tir.transform.CompactBufferAllocation()]
+
+
+def _block_types(func: tvm.tirx.PrimFunc) -> list[MappingType]:
+    """The mapping type of every block of an unscheduled fused function."""
+    access = analyze_primfunc(func, num_primfunc_outputs(func))
+    return [classify(FuncAccess((block,), access.num_inputs)).mapping_type
+            for block in access.blocks]
+
+
+def _lowered_buffers(func: tvm.tirx.PrimFunc) -> dict[str, int]:
+    """Intermediate buffers left after TVM's allocation planning/compaction, by element count."""
+    low = tvm.transform.Sequential(_STAGE_PASSES)(
+        tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))["main"]
+    sizes = {}
+    for block in find_all(low.body, tvm.s_tir.SBlock):
+        for buf in block.alloc_buffers:
+            sizes[buf.name.replace(".rf", "_rf")] = int(np.prod([int(d) for d in buf.shape]))
+    return sizes
+
+
+@pytest.mark.parametrize("name", ["encoder", "figure3"])
+def test_no_unexplained_intermediate_in_fusible_blocks(name):
+    """In a block of only One-to-One/Reorganize/Shuffle operators plus at most one
+    Many-to-Many, every intermediate that survives in the lowered TIR is either a per-row or
+    per-tile buffer of a Many-to-Many stage or has a recorded reason; a block without any
+    Many-to-Many keeps nothing but common sub-trees."""
+    mod = import_onnx(get_builtin(name))
+    plain = dict(_primfuncs(fuse(mod, TARGET, schedule=False)))
+    checked = 0
+    for fname, func in _primfuncs(fuse(mod, TARGET)):
+        types = _block_types(plain[fname])
+        m2m = types.count(MappingType.MANY_TO_MANY)
+        if any(t not in _FUSIBLE | {MappingType.MANY_TO_MANY} for t in types) or m2m > 1:
+            continue
+        checked += 1
+        kept = {k.replace(".rf", "_rf"): v for k, v in dict(func.attrs[KEPT_ATTR]).items()}
+        for buf, size in _lowered_buffers(func).items():
+            reason = kept.get(buf, "")
+            assert reason and not reason.startswith("compute_inline failed"), (fname, buf)
+            if m2m == 0:
+                assert reason.startswith("common sub-tree"), (fname, buf, reason)
+            elif size > 4096:  # full-size, not a row or a tile: a staged prologue or operand
+                assert any(word in reason for word in (
+                    "prologue", "padding", "common", "re-laid out", "even/odd")), (
+                    fname, buf, reason)
+    assert checked >= 2
+
+
+def test_gelu_prologue_of_matmul_is_computed_once_with_reason():
+    """The encoder's FFN: the planner fuses GELU in front of the second matmul; recomputing it
+    per output column would cost more than a buffer, and the record says so."""
+    mod = fuse(import_onnx(get_builtin("encoder")), TARGET)
+    reasons = [r for _, f in _primfuncs(mod) for r in dict(f.attrs[KEPT_ATTR]).values()]
+    assert any("prologue of Many-to-Many" in r for r in reasons)
+
+
+def test_transpose_epilogue_becomes_permuted_store():
+    """matmul → add → reshape → transpose (a Q/K/V projection) is one loop nest: the transposed
+    output is written straight from the accumulator tile, nothing else is allocated."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Reshape", ["a", "shape"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1, 3])]
+    model = _model(nodes, [_vi("x", [1, 16, 32])], [_vi("y", [1, 4, 16, 8])],
+                   [_w("w", [32, 32]), _w("b", [32], 1),
+                    numpy_helper.from_array(np.array([1, 16, 4, 8]), "shape")])
+    mod = _check(model)
+    (name, func), = [(n, f) for n, f in _primfuncs(mod) if "matmul" in n]
+    assert "stored from the accumulator" in "\n".join(func.attrs[SCHEDULE_ATTR])
+    assert set(_lowered_buffers(func)) == {"matmul_intermediate_local"}, name
+
+
+@T.prim_func(s_tir=True)
+def _scores_with_mask(q: T.Buffer((16, 8), "float32"), k: T.Buffer((8, 32), "float32"),
+                      m: T.Buffer((32,), "float32"), mask: T.Buffer((16, 32), "float32"),
+                      out: T.Buffer((16, 32), "float32")):
+    s = T.sblock_alloc_buffer((16, 32))
+    for i, j, r in T.grid(16, 32, 8):
+        with T.sblock("matmul"):
+            vi, vj, vr = T.axis.remap("SSR", [i, j, r])
+            with T.init():
+                s[vi, vj] = T.float32(0)
+            s[vi, vj] = s[vi, vj] + q[vi, vr] * k[vr, vj]
+    for i, j in T.grid(16, 32):
+        with T.sblock("mask"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            mask[vi, vj] = T.Select(m[vj] > T.float32(0), T.float32(0), T.float32(-1e4))
+    for i, j in T.grid(16, 32):
+        with T.sblock("epilogue"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = s[vi, vj] * T.float32(0.125) + mask[vi, vj]
+
+
+def _run_func(func, arrays):
+    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                         target=TARGET)
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    lib["main"](*args)
+    return [a.numpy() for a in args]
+
+
+def test_epilogue_reading_a_later_stage_joins_the_anchor():
+    """A mask computed after the matmul (FuseTIR's order) but read by its epilogue: the stage
+    is hoisted, so the epilogue is still stored from the accumulator, and results match."""
+    scheduled = schedule_primfunc(_scores_with_mask, cpu_params(TARGET))
+    assert "epilogue epilogue stored from the accumulator" in "\n".join(
+        scheduled.attrs[SCHEDULE_ATTR])
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype("float32") for s in [(16, 8), (8, 32), (32,)]]
+    arrays += [np.zeros((16, 32), "float32"), np.zeros((16, 32), "float32")]
+    expected, got = _run_func(_scores_with_mask, arrays), _run_func(scheduled, arrays)
+    compare(got, expected, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------- one test per CPU rule
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, "m", inputs, outputs, initializer=list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _w(name, shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return numpy_helper.from_array(
+        (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]) or 1)).astype("float32"), name)
+
+
+def _conv_model(cin, cout, size, kernel, stride=1, group=1):
+    pad = kernel // 2
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[kernel, kernel],
+                              pads=[pad] * 4, strides=[stride, stride], group=group),
+             helper.make_node("Relu", ["c"], ["y"])]
+    out = (size + 2 * pad - kernel) // stride + 1
+    return _model(nodes, [_vi("x", [1, cin, size, size])], [_vi("y", [1, cout, out, out])],
+                  [_w("w", [cout, cin // group, kernel, kernel]), _w("b", [cout], 1)])
+
+
+def _rule_models():
+    mm = _model([helper.make_node("MatMul", ["x", "w"], ["m"]),
+                 helper.make_node("Add", ["m", "b"], ["y"])],
+                [_vi("x", [1, 24, 32])], [_vi("y", [1, 24, 40])],
+                [_w("w", [32, 40]), _w("b", [40], 1)])
+    ln = _model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)],
+                [_vi("x", [2, 8, 64])], [_vi("y", [2, 8, 64])],
+                [_w("g", [64]), _w("b", [64], 1)])
+    return {
+        "matmul": (mm, "tile matmul"),
+        "conv": (_conv_model(8, 16, 12, 3), "tile conv"),
+        "conv_stride2": (_conv_model(8, 16, 12, 3, stride=2), "tile conv"),
+        "conv1x1": (_conv_model(16, 24, 14, 1), "v_yy·v_xx"),  # (h, w) as one vector axis
+        "depthwise": (_conv_model(8, 8, 12, 3, group=8), "tile depthwise"),
+        "grouped": (_conv_model(8, 16, 10, 3, group=2), "tile "),
+        "reduction": (_model([helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+                             [_vi("x", [4, 6, 64])], [_vi("y", [4, 6])],
+                             [numpy_helper.from_array(np.array([2], "int64"), "axes")]),
+                      "row reduction"),
+        "softmax": (_model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)],
+                           [_vi("x", [2, 4, 64])], [_vi("y", [2, 4, 64])]), "partial sums"),
+        "layernorm": (ln, "partial sums"),
+        "maxpool": (_model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3],
+                                             pads=[1, 1, 1, 1], strides=[2, 2])],
+                           [_vi("x", [1, 4, 16, 16])], [_vi("y", [1, 4, 8, 8])]), "tile pool"),
+        "global_avgpool": (_model([helper.make_node("GlobalAveragePool", ["x"], ["y"])],
+                                  [_vi("x", [1, 8, 7, 7])], [_vi("y", [1, 8, 1, 1])]), "rows of"),
+        "elementwise": (_model([helper.make_node("Add", ["x", "z"], ["a"]),
+                                helper.make_node("Sigmoid", ["a"], ["s"]),
+                                helper.make_node("Mul", ["a", "s"], ["y"])],
+                               [_vi("x", [2, 16, 32]), _vi("z", [2, 16, 32])],
+                               [_vi("y", [2, 16, 32])]), "elementwise/injective, vector"),
+    }
+
+
+_RULES = _rule_models()
+
+
+@pytest.mark.parametrize("rule", sorted(_RULES))
+def test_cpu_rule(rule):
+    model, expected_note = _RULES[rule]
+    mod = _check(model)
+    notes = _notes(mod)
+    assert expected_note in notes, notes
+    assert not any(FALLBACK_ATTR in f.attrs for _, f in _primfuncs(mod))
+
+
+def test_two_epilogues_of_a_row_crossing_tile():
+    """Regression (found by the random-DAG test): a 1×1 conv on a 3×5 image tiles the fused
+    (h, w) axis 3 lanes at a time, so tiles cross rows, and a Split gives the conv two
+    consumers. Moving those consumers under the tile loop would make each read a bounding box
+    of rows, including lanes other tiles have not written yet; they stay separate stages."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node("Exp", ["c"], ["e"]),
+             helper.make_node("Split", ["e", "s"], ["y0", "y1"], axis=1)]
+    model = _model(nodes, [_vi("x", [1, 2, 3, 5])],
+                   [_vi("y0", [1, 1, 3, 5]), _vi("y1", [1, 1, 3, 5])],
+                   [_w("w", [2, 2, 1, 1]), numpy_helper.from_array(np.array([1, 1]), "s")])
+    _check(model)
+
+
+def test_rules_cross_compile_for_aarch64():
+    """The same rules with NEON-sized tiles; LLVM emits vector FMAs for the tiles."""
+    if "aarch64" not in str(tvm.target.codegen.llvm_get_targets()):
+        pytest.skip("LLVM built without the AArch64 backend")
+    target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+    assert cpu_params(target).lanes == 4
+    mod = import_onnx(_RULES["conv"][0])
+    executable = compile_model(mod, target)
+    assert "fmla" in executable.mod.imports[0].inspect_source("asm")
+
+
+# ------------------------------------------------------------------------- failure handling
+
+
+def test_failed_schedule_falls_back_with_warning_and_reason(monkeypatch):
+    """A rule that raises never breaks the build: the function gets the plain fallback, a
+    warning names it, and the reason is on the function."""
+    import tvm_fusion.tir_schedules.fused_block as fb
+
+    real = fb.schedule_cpu
+
+    def broken(sch, params, tile=True, kept=None):
+        if tile:
+            raise RuntimeError("rule exploded")
+        return real(sch, params, tile=tile, kept=kept)
+
+    monkeypatch.setattr(fb, "schedule_cpu", broken)
+    model = _RULES["conv"][0]
+    with pytest.warns(ScheduleFailedWarning, match="rule exploded"):
+        mod = _check(model)
+    reasons = [f.attrs[FALLBACK_ATTR] for _, f in _primfuncs(mod) if FALLBACK_ATTR in f.attrs]
+    assert reasons and all("rule exploded" in r for r in reasons)
+
+
+def test_non_cpu_targets_are_left_alone():
+    mod = fuse(import_onnx(_RULES["matmul"][0]), TARGET, schedule=False)
+    before = {n: f for n, f in _primfuncs(mod)}
+    out = ScheduleFusedBlocks(tvm.target.Target("cuda"))(mod)
+    for name, func in _primfuncs(out):
+        assert func.same_as(before[name])
+
+
+# ------------------------------------------------------------------------------- fast math
+
+
+def test_fast_math_accuracy():
+    x = np.concatenate([np.linspace(-20, 20, 4001), [0.0, 1e-6, -1e-6]]).astype("float32")
+
+    @T.prim_func(s_tir=True)
+    def f(a: T.Buffer((4004,), "float32"), e: T.Buffer((4004,), "float32"),
+          r: T.Buffer((4004,), "float32"), t: T.Buffer((4004,), "float32"),
+          s: T.Buffer((4004,), "float32")):
+        for i in range(4004):
+            with T.sblock("b"):
+                vi = T.axis.remap("S", [i])
+                e[vi] = T.exp(a[vi])
+                r[vi] = T.erf(a[vi])
+                t[vi] = T.tanh(a[vi])
+                s[vi] = T.sigmoid(a[vi])
+
+    zeros = [np.zeros_like(x) for _ in range(4)]
+    exact = _run_func(f, [x, *zeros])[1:]
+    fast = _run_func(fm.fast_math(f), [x, *zeros])[1:]
+    compare([fast[0]], [exact[0]], rtol=2e-6, atol=0)  # exp: relative
+    compare(fast[1:], exact[1:], rtol=0, atol=2e-6)  # erf, tanh, sigmoid: absolute

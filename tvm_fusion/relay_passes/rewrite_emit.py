@@ -1,0 +1,104 @@
+"""Lowering a rewritten :class:`~.rewrite_ir.BlockGraph` back to a Relax dataflow block.
+
+Bindings keep their original order and variables. A node a rewrite left untouched is re-emitted
+from its original binding; a node whose operands changed, and every node a rewrite created, is
+rebuilt from its op and attributes; created nodes are emitted just before their first use. A
+replaced node that something outside the graph still names (a graph output, an unmodelled op)
+becomes a plain alias binding, which ``CanonicalizeBindings`` removes afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tvm import relax
+
+from .rewrite_ir import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, REDUCTIONS, BlockGraph, Leaf, Node
+
+
+def relax_call(node: Node, args: list) -> relax.Expr:
+    """The Relax expression for one node, its operands already lowered."""
+    op, attrs = node.op, node.attrs
+    if op in ELEMENTWISE_BINARY or op in ELEMENTWISE_UNARY:
+        return getattr(relax.op, op)(*args)
+    if op in REDUCTIONS:
+        return getattr(relax.op, op)(args[0], axis=list(attrs["axis"]), keepdims=attrs["keepdims"])
+    if op == "matmul":
+        return relax.op.matmul(args[0], args[1])
+    if op == "permute_dims":
+        return relax.op.permute_dims(args[0], list(attrs["axes"]))
+    if op == "reshape":
+        return relax.op.reshape(args[0], attrs["shape"])
+    if op == "split":
+        return relax.op.split(args[0], list(attrs["indices"]), axis=attrs["axis"])
+    if op == "get_item":
+        return relax.TupleGetItem(args[0], attrs["index"])
+    raise ValueError(f"cannot lower {op}")
+
+
+@relax.expr_functor.mutator
+class BlockRewriter(relax.PyExprMutator):
+    """Lift every dataflow block, let ``rewrite_graph`` rewrite it, lower it back."""
+
+    def __init__(self, mod, rewrite_graph: Callable[[BlockGraph], None]):
+        super().__init__(mod)
+        self.rewrite_graph = rewrite_graph
+        self._emitted: dict = {}
+
+    def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.DataflowBlock:
+        graph = BlockGraph(block)
+        self.rewrite_graph(graph)
+        self._emitted = {}
+        self.builder_._begin_dataflow_block()
+        for binding in block.bindings:
+            node = graph.node_of_var.get(binding.var)
+            if node is None:
+                self.visit_binding(binding)
+            elif node.alive:
+                self._ensure(node)
+        self._emitted = {}
+        return self.builder_._end_block()
+
+    # -- values ------------------------------------------------------------------------------
+    def _lowered(self, value) -> relax.Expr:
+        if isinstance(value, Leaf):
+            expr = value.to_relax()
+            return self.visit_expr(expr) if isinstance(expr, relax.Var) else expr
+        return self._ensure(value)
+
+    def _ensure(self, node: Node) -> relax.Expr:
+        """Emit ``node`` after whatever it needs (iteratively: chains can be thousands deep)."""
+        stack = [node]
+        while stack:
+            top = stack[-1]
+            if top in self._emitted:
+                stack.pop()
+                continue
+            operands = [top.alias] if top.alias is not None else top.args
+            pending = [a for a in operands if isinstance(a, Node) and a not in self._emitted]
+            if pending:
+                stack.extend(pending)
+                continue
+            self._emitted[top] = self._emit(top)
+            stack.pop()
+        return self._emitted[node]
+
+    def _emit(self, node: Node) -> relax.Var:
+        if node.alias is not None:
+            value = self._lowered(node.alias)
+        elif node.var is not None and not node.modified:
+            value = self.visit_expr(node.call)
+        else:
+            value = relax_call(node, [self._lowered(a) for a in node.args])
+        return self._bind(node, value)
+
+    def _bind(self, node: Node, value) -> relax.Var:
+        old = node.var
+        if old is None:
+            return self.builder_.emit(value, "rw")
+        if isinstance(old, relax.DataflowVar):
+            new = self.builder_.emit(value, old.name)
+        else:
+            new = self.builder_.emit_output(value, old.name)
+        self.set_var_remap(old, new)
+        return new

@@ -1,0 +1,224 @@
+"""CPU schedules for a fused PrimFunc whose producers are already inlined (``inline.py``).
+
+What is left at the root after inlining is a short list of *stages*, scheduled in this order:
+
+1. **Tiles** (``cpu_tile.py``): every reduction that vectorises along its innermost output axis
+   (matmul, batch matmul, dense, conv incl. depthwise/grouped/1×1, pooling windows), with its
+   epilogue stored from the accumulator.
+2. **Sinks**, last first. A spatial sink (the block writing an output, or a kept prologue)
+   gathers the reductions and kept intermediates that only it consumes (softmax's max, exp and
+   sum; layer norm's mean and variance) and computes them per *row*: under the outermost loops
+   of the sink whose iterators index every such intermediate it reads, so each row's statistics
+   are computed once, stay in cache and are parallel across rows. The sink's inner loops and
+   each attached spatial stage are vectorised along their contiguous innermost axes.
+   A reduction sink that cannot be tiled (a global pool) is parallel over its outputs.
+
+Every stage records a one-line note (``tvm_fusion.schedule`` on the function).
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir
+
+from .analysis import BlockFacts, block_facts, index_uses, param_names, root_block
+from .cpu_target import CpuParams
+from .cpu_tile import (
+    deinterleave_strided,
+    plan_tile,
+    schedule_tile,
+    tile_shapes,
+    transpose_to_vector_axis,
+)
+from .loops import loop_extent, loops_by_var, parallelize, vectorize_inner
+
+
+def schedule_cpu(sch: s_tir.Schedule, params: CpuParams, tile: bool = True,
+                 kept: dict[str, str] | None = None) -> list[str]:
+    """Schedule every stage of the function in ``sch``; returns one note per stage.
+
+    ``tile=False`` is the fallback: no register tiles, every stage a plain parallel (and where
+    possible vectorised) loop nest. Copies made for vector-friendly layouts are added to
+    ``kept`` (buffer -> reason)."""
+    kept = {} if kept is None else kept
+    outputs = param_names(sch)
+    shapes = tile_shapes(sch)
+    done: set[str] = set()
+    notes: list[str] = []
+    skipped: set[str] = set()
+    while tile:
+        todo = [b for b in sch.get_child_blocks(root_block(sch))
+                if sch.get(b).name_hint not in done | skipped]
+        facts = plan = None
+        for block_rv in todo:
+            facts = block_facts(sch, block_rv)
+            plan = plan_tile(facts, shapes, params) if facts is not None else None
+            if plan is None and facts is not None and facts.is_reduction:
+                staged = transpose_to_vector_axis(sch, block_rv, facts, kept)
+                if staged:
+                    notes.extend(staged)
+                    shapes = tile_shapes(sch)
+                    facts = block_facts(sch, block_rv)
+                    plan = plan_tile(facts, shapes, params) if facts is not None else None
+            if plan is not None:
+                staged = deinterleave_strided(sch, block_rv, facts, kept)
+                if staged:  # the layout changed: plan again on the new indices
+                    notes.extend(staged)
+                    shapes = tile_shapes(sch)
+                    facts = block_facts(sch, block_rv)
+                    plan = plan_tile(facts, shapes, params) if facts is not None else None
+            if plan is not None:
+                break
+            skipped.add(sch.get(block_rv).name_hint)
+        if plan is None:
+            break
+        names, tile_notes = schedule_tile(sch, block_rv, plan, params)
+        done.update(names)
+        notes.append(f"{facts.name}: tile {'; '.join(tile_notes)}")
+    while True:
+        pending = [b for b in sch.get_child_blocks(root_block(sch))
+                   if sch.get(b).name_hint not in done]
+        if not pending:
+            return notes
+        sink = pending[-1]
+        facts = block_facts(sch, sink)
+        if facts is None:
+            name = sch.get(sink).name_hint
+            done.add(name)
+            notes.append(f"{name}: not analysable, left as is")
+            continue
+        if facts.is_reduction:
+            notes.append(_schedule_reduction_sink(sch, sink, facts, params))
+            done.add(facts.name)
+            continue
+        group = _row_group(sch, pending, facts, outputs)
+        notes.append(_schedule_spatial_sink(sch, sink, facts, group, params, done))
+        done.add(facts.name)
+
+
+def _row_group(sch: s_tir.Schedule, pending: list, sink: BlockFacts, outputs: set[str]) -> list:
+    """Pending blocks before the sink whose every consumer is the sink or another member:
+    what the sink alone needs (reductions and kept intermediates), in program order."""
+    members = {sink.name}
+    group = []
+    for block_rv in reversed(pending[:-1]):
+        block = sch.get(block_rv)
+        if block.writes[0].source.name in outputs:
+            continue
+        consumers = [sch.get(c).name_hint for c in sch.get_consumers(block_rv)]
+        if consumers and all(c in members for c in consumers):
+            members.add(block.name_hint)
+            group.insert(0, block_rv)
+    return group
+
+
+def _attach_depth(sch: s_tir.Schedule, sink: BlockFacts, group: list) -> int:
+    """The deepest loop of the sink above which every iterator indexes each group buffer the
+    sink reads: attaching there computes a row's statistics once per row, never per element."""
+    written = {sch.get(b).writes[0].source.name for b in group}
+    reads = [r for r in sink.reads if r.buffer in written]
+    depth = -1
+    for position, var in enumerate(sink.spatial[:-1]):
+        if sink.extents[var.name] != 1 and not all(index_uses(r.indices, var) for r in reads):
+            break
+        depth = position
+    return depth
+
+
+def _schedule_spatial_sink(sch, sink, facts: BlockFacts, group: list, params: CpuParams,
+                           done: set[str]) -> str:
+    by_var = loops_by_var(sch, sink)
+    if by_var is None:
+        return f"{facts.name}: loops already transformed, left as is"
+    loops = sch.get_loops(sink)
+    depth = _attach_depth(sch, facts, group) if group else -1
+    attached = []
+    partials: set[str] = set()
+    if depth >= 0:
+        group, partials = _split_lanes(sch, group, params)
+        for block_rv in reversed(group):
+            name = sch.get(block_rv).name_hint
+            try:
+                sch.compute_at(block_rv, loops[depth], preserve_unit_loops=True)
+            except s_tir.ScheduleError:
+                continue  # stays at the root; scheduled as a sink of its own later
+            attached.insert(0, (block_rv, name))
+    if not attached:
+        vec = vectorize_inner(sch, sch.get_loops(sink), params)
+        par = parallelize(sch, sch.get_loops(sink)[:-1],
+                          facts.volume() * max(facts.cost, 1), params)
+        return f"{facts.name}: elementwise/injective, {vec}, {par}"
+    vec = vectorize_inner(sch, sch.get_loops(sink)[depth + 1:], params)
+    parts = []
+    for block_rv, name in attached:
+        done.add(name)
+        part = block_facts(sch, block_rv)
+        if name in partials:
+            parts.append(f"{name} per row, {_vectorize_partials(sch, block_rv, part, params)}")
+            continue
+        if part is None or part.is_reduction:
+            parts.append(f"{name} per row")
+            continue
+        own = sch.get_loops(block_rv)[depth + 1:]
+        parts.append(f"{name} per row, {vectorize_inner(sch, own, params)}")
+    work = facts.volume() * (2 + facts.cost) * (1 + len(attached))
+    par = parallelize(sch, sch.get_loops(sink)[: depth + 1], work, params)
+    return f"{facts.name}: rows of {', '.join(parts)}; {vec}; {par}"
+
+
+def _split_lanes(sch: s_tir.Schedule, group: list, params: CpuParams) -> tuple[list, set[str]]:
+    """Give each row reduction over one long innermost axis ``lanes`` partial results
+    (``rfactor``), so the reduction runs as vector adds/maxes and only ``lanes`` values are
+    combined serially: a serial float sum waits on each add's latency. Done before the
+    blocks are attached (``rfactor`` needs the reduction alone under its loops)."""
+    result, partials = [], set()
+    for block_rv in group:
+        facts = block_facts(sch, block_rv)
+        loops = sch.get_loops(block_rv)
+        extent = loop_extent(sch, loops[-1]) if loops else None
+        if (facts is not None and len(facts.reduce) == 1 and extent is not None
+                and extent == facts.extents[facts.reduce[0].name]
+                and extent % params.lanes == 0 and extent >= 2 * params.lanes):
+            try:
+                _, lane = sch.split(loops[-1], factors=[None, params.lanes])
+                rf = sch.rfactor(lane, factor_axis=len(facts.write_indices))
+                result.append(rf)
+                partials.add(sch.get(rf).name_hint)
+            except s_tir.ScheduleError:
+                pass  # not a recognised reducer: stays a serial reduction
+        result.append(block_rv)
+    return result, partials
+
+
+def _vectorize_partials(sch: s_tir.Schedule, rf_rv, facts: BlockFacts | None,
+                        params: CpuParams) -> str:
+    """Put the partial-result block's lane loop innermost and vectorise it."""
+    by_var = loops_by_var(sch, rf_rv)
+    if facts is None or by_var is None or len(facts.reduce) != 1:
+        return "serial"
+    lane = getattr(facts.write_indices[-1], "name", None)  # rfactor's axis: the last index
+    if lane not in by_var or facts.reduce[0].name not in by_var:
+        return "serial"
+    lane_loop, outer = by_var[lane], by_var[facts.reduce[0].name]
+    try:
+        sch.reorder(outer, lane_loop)
+        sch.vectorize(lane_loop)
+    except s_tir.ScheduleError:
+        return "serial"
+    return f"{params.lanes} partial sums"
+
+
+def _schedule_reduction_sink(sch, block_rv, facts: BlockFacts, params: CpuParams) -> str:
+    """A reduction that does not vectorise along its outputs: parallel over its outputs,
+    reduction loops serial inside."""
+    by_var = loops_by_var(sch, block_rv)
+    if by_var is None:
+        return f"{facts.name}: loops already transformed, left as is"
+    outer = [by_var[v.name] for v in facts.spatial if v.name in by_var]
+    reduce = [by_var[k.name] for k in facts.reduce if k.name in by_var]
+    if outer and reduce:
+        sch.reorder(*outer, *reduce)
+    extent = 1
+    for loop in outer:
+        extent *= loop_extent(sch, loop) or 1
+    par = parallelize(sch, outer, facts.volume(), params)
+    return f"{facts.name}: row reduction over {extent} outputs, {par}"

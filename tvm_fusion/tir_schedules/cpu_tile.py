@@ -1,0 +1,541 @@
+"""Register-tiled reductions on CPU: matmul, batch matmul, dense, conv2d (1×1, grouped,
+depthwise) and pooling windows, with their epilogues written from the accumulator tile.
+
+The anchor's accumulator is a ``local`` ``cache_write`` of RT × VT elements: VT lanes of the
+output's innermost axis ``v`` (vector loads of the operand that moves with ``v``, such as B's
+row in a matmul or an input row in a conv) times RT values of a *reuse axis* ``u`` that this
+operand does not depend on (the matmul's row, the conv's output channel), so that each vector
+loaded feeds RT fused multiply-adds. All reduction loops run outside that tile, the tile is
+zeroed once (``decompose_reduction``) and written back once, and the elementwise/Shuffle
+epilogue is inlined into the write-back (``reverse_compute_inline``): a transpose after a GEMM
+becomes a store to permuted indices (DNNFusion §4.4). Outer tiles are fused and parallel.
+
+Which operand stays in cache across the outer tiles is chosen from the shapes: the one that
+would otherwise be streamed from memory more times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, sym
+
+from ..tir_utils import buffer_loads, const_int, find_all
+from .analysis import BlockFacts, block_facts, index_uses, numel, stride_in_last_dim
+from .cpu_target import CpuParams
+from .loops import (
+    lane_use,
+    largest_divisor,
+    loop_extent,
+    loops_by_var,
+    parallelize,
+    pick_vector_tile,
+)
+
+# Copying an operand into a vector-friendly layout pays when each element is reused this often.
+_MIN_REUSE = 8
+# A vector operand larger than this (a transformer FFN weight) is streamed past a cached tile
+# of the other operand rather than cached itself: measured faster on a 2 MiB-L2 core.
+STREAM_BYTES = 4 << 20
+
+
+@dataclass
+class TilePlan:
+    """How one reduction is tiled: the vector axis, the reuse axis and their tile sizes."""
+
+    kind: str  # matmul | conv | depthwise | pool (for the record)
+    v: str  # vector axis (iter var name)
+    vt: int
+    v_fused: tuple[str, ...]  # iterators fused with v into one vector axis (outer first)
+    u: str | None  # register (reuse) axis
+    rt: int
+    u_stationary: bool  # outer order: u tiles outermost (its operand tile stays in cache)
+
+    def describe(self) -> str:
+        reg = f", {self.u}×{self.rt} registers" if self.u else ""
+        order = "u-outer" if self.u_stationary else "v-outer"
+        axis = "·".join(self.v_fused) if len(self.v_fused) > 1 else self.v
+        return f"{self.kind}: {axis}×{self.vt} lanes{reg}, {order}"
+
+
+def plan_tile(facts: BlockFacts, shapes: dict, params: CpuParams) -> TilePlan | None:
+    """A tile plan when the reduction can be vectorised along its innermost output axis: that
+    axis must index the last dimension of every operand that depends on it, with stride 1 or 2
+    (a stride-2 conv loads every other element). Otherwise (softmax's row sum, a global pool
+    over the innermost axes) it is a row reduction, not a tile."""
+    if not facts.is_reduction or not facts.spatial:
+        return None
+    live = [v for v in facts.spatial if facts.extents[v.name] > 1]
+    if not live:
+        return None
+    v = live[-1]
+    if facts.write_indices and not index_uses(facts.write_indices[-1:], v):
+        return None  # the output is not contiguous along v
+    movers, others = [], []
+    for read in facts.reads:
+        if index_uses(read.indices, v):
+            if stride_in_last_dim(read.indices, v) not in (1, 2):
+                return None
+            movers.append(read)
+        else:
+            others.append(read)
+    if not movers:
+        return None
+    v_fused, v_extent = (v.name,), facts.extents[v.name]
+    vt = pick_vector_tile(v_extent, params.lanes, max_vectors=2)
+    if v_extent % params.lanes:
+        w = _row_major_neighbour(facts, v, movers, shapes)
+        if w is not None:  # a 1×1 conv's (h, w): one contiguous axis of h·w elements
+            extent = v_extent * facts.extents[w.name]
+            size = pick_vector_tile(extent, params.lanes, max_vectors=2)
+            if lane_use(size, params.lanes) > lane_use(vt, params.lanes):
+                v_fused, v_extent, vt = (w.name, v.name), extent, size
+    if vt is None:
+        return None
+    # The reuse axis: a live spatial iterator that no vector operand depends on but another
+    # operand does (so unrolling it reuses each loaded vector RT times).
+    u, best = None, 0
+    for cand in live[:-1]:
+        if cand.name in v_fused or any(index_uses(r.indices, cand) for r in movers):
+            continue
+        if not any(index_uses(r.indices, cand) for r in others):
+            continue
+        if facts.extents[cand.name] > best:
+            u, best = cand, facts.extents[cand.name]
+    vectors = -(-vt // params.lanes)
+    rt = largest_divisor(best, max(1, params.registers // vectors)) if u is not None else 1
+    if u is not None and rt == 1:
+        u = None
+    kind = _kind(facts, movers, u)
+    u_stationary = _u_stationary(facts, v_fused, v_extent, u, vt, rt, movers, others, shapes)
+    return TilePlan(kind, v.name, vt, v_fused, u.name if u is not None else None, rt,
+                    u_stationary)
+
+
+def _row_major_neighbour(facts: BlockFacts, v, movers, shapes):
+    """The iterator ``w`` just outside ``v`` when (w, v) can be one axis: the output and every
+    vector operand index their last two dimensions with exactly (w, v) (plus unit reduction
+    iterators, as a 1×1 conv's kernel offsets) and their rows hold exactly ``v``'s extent,
+    so w·V + v walks contiguous memory."""
+    position = [x.name for x in facts.spatial].index(v.name)
+    if position == 0:
+        return None
+    w = facts.spatial[position - 1]
+    if facts.extents[w.name] <= 1:
+        return None
+    units = [k for k in facts.reduce if facts.extents[k.name] == 1]
+    checks = [(facts.write_indices, shapes.get(facts.write))]
+    checks += [(r.indices, shapes.get(r.buffer)) for r in movers]
+    for indices, shape in checks:
+        if shape is None or len(indices) < 2 or const_int(shape[-1]) != facts.extents[v.name]:
+            return None
+        if not (_is_var_plus_units(indices[-1], v, units)
+                and _is_var_plus_units(indices[-2], w, units)):
+            return None
+        if any(index_uses([ix], w) or index_uses([ix], v) for ix in indices[:-2]):
+            return None
+    return w
+
+
+def _is_var_plus_units(index, var, units) -> bool:
+    analyzer = sym.Analyzer()
+    for unit in units:
+        analyzer.bind(unit, tvm.tirx.const(0, str(unit.ty.dtype)))
+    return const_int(analyzer.simplify(index - var)) == 0
+
+
+def _kind(facts: BlockFacts, movers, u) -> str:
+    """A name for the record: pool (one operand), conv/depthwise (a stencil operand, with or
+    without a reuse axis), matmul (everything else: dense, batch matmul, 1×1 conv)."""
+    if len(facts.reads) == 1:
+        return "pool"
+    stencil = any(index_uses([ix], s) and index_uses([ix], k) for r in movers
+                  for ix in r.indices for s in facts.spatial for k in facts.reduce
+                  if facts.extents[k.name] > 1)
+    if stencil:
+        return "conv" if u is not None else "depthwise"
+    return "matmul"
+
+
+def _u_stationary(facts, v_fused, v_extent, u, vt, rt, movers, others, shapes) -> bool:
+    """Keep the u-operand tile (a matmul's A rows, a conv's filters) in cache across the
+    outer v tiles when streaming the v-operand again per u tile moves fewer bytes than
+    streaming the u-operand again per v tile (and per the other outer axes it ignores)."""
+    if u is None:
+        return False
+    v_bytes = sum(numel(shapes[r.buffer]) for r in movers if r.buffer in shapes)
+    if v_bytes * 4 > STREAM_BYTES:  # measured on BERT's FFN: keep A rows hot, stream B
+        return True
+    u_reads = [r for r in others if index_uses(r.indices, u)]
+    u_bytes = sum(numel(shapes[r.buffer]) for r in u_reads if r.buffer in shapes)
+    restream_v = v_bytes * (facts.extents[u.name] // rt)
+    v_tiles = v_extent // vt
+    for s in facts.spatial:
+        if s.name != u.name and s.name not in v_fused and not any(
+                index_uses(r.indices, s) for r in u_reads):
+            v_tiles *= facts.extents[s.name]
+    restream_u = u_bytes * v_tiles
+    return restream_v <= restream_u
+
+
+def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuParams,
+                  ) -> tuple[list[str], list[str]]:
+    """Apply ``plan``. Returns the names of the blocks now scheduled and notes.
+
+    Order matters: vectorize/parallel need the update to still be a reduction block, which
+    ``decompose_reduction`` (last) ends."""
+    facts = block_facts(sch, block_rv)
+    name = facts.name
+    notes = [plan.describe()]
+    ready = _written_before(sch, block_rv)
+    wb = sch.cache_write(block_rv, 0, "local")
+    done = [name, sch.get(wb).name_hint]
+    v_name, u_name, v_fused = plan.v, plan.u, plan.v_fused
+    if len(plan.v_fused) > 1:
+        v_name, u_name = _fuse_vector_axis(sch, block_rv, wb, plan)
+        v_fused = (v_name,)
+        facts = block_facts(sch, block_rv)
+    by_var = loops_by_var(sch, block_rv)
+    if by_var is None or facts is None:
+        raise ValueError(f"{name}: loops do not map to its iterators")
+    spatial = [by_var[v.name] for v in facts.spatial if v.name in by_var]
+    reduce = [by_var[k.name] for k in facts.reduce if k.name in by_var]
+    v_o, v_i = sch.split(by_var[v_name], factors=[None, plan.vt])
+    u_o = u_i = None
+    if u_name is not None:
+        u_o, u_i = sch.split(by_var[u_name], factors=[None, plan.rt])
+    others = [lp for var, lp in zip([v.name for v in facts.spatial], spatial)
+              if var not in v_fused and var != u_name]
+    others_vars = [v for v in facts.spatial if v.name not in v_fused and v.name != u_name]
+    if u_name is None:
+        outer = others + [v_o]
+    elif plan.u_stationary:
+        outer = [u_o] + others + [v_o]
+    else:
+        outer = others + [v_o, u_o]
+    inner = ([u_i] if u_i is not None else []) + [v_i]
+    sch.reorder(*outer, *reduce, *inner)
+    sch.reverse_compute_at(wb, outer[-1], preserve_unit_loops=True)
+    # Fold the epilogue chain into the write-back, now under the tile loop: each sole
+    # spatial consumer of what the write-back writes is inlined into it, so it stores the
+    # epilogue's value at the epilogue's (possibly permuted) index from the accumulator.
+    fused_epilogue, leftover = [], []
+    while True:
+        consumers = sch.get_consumers(wb)
+        if len(consumers) != 1:
+            leftover = list(consumers)
+            break
+        cf = block_facts(sch, consumers[0])
+        written = sch.get(wb).writes[0].source.name
+        if (cf is None or cf.is_reduction or _read_under_condition(sch, consumers[0], written)
+                or not _reads_each_element_once(cf, written, shapes_of(sch))):
+            leftover = [consumers[0]]
+            break
+        try:
+            _hide_reads(sch, consumers[0], ready)
+            sch.reverse_compute_inline(consumers[0])
+        except s_tir.ScheduleError:
+            leftover = [consumers[0]]
+            break
+        fused_epilogue.append(cf.name)
+    if fused_epilogue:
+        notes.append("epilogue " + "+".join(fused_epilogue) + " stored from the accumulator")
+    for consumer in leftover:  # epilogues that could not be inlined: computed per tile
+        if len(plan.v_fused) > 1 or not _reads_tile_exactly(
+                sch, consumer, sch.get(wb).writes[0].source.name):
+            continue  # its region of a tile would be a bounding box: a separate stage
+        try:
+            _hide_reads(sch, consumer, ready)
+            sch.reverse_compute_at(consumer, outer[-1], preserve_unit_loops=True)
+            done.append(sch.get(consumer).name_hint)
+            notes.append(f"epilogue {sch.get(consumer).name_hint} per tile")
+        except s_tir.ScheduleError:
+            pass
+    sch.vectorize(v_i)
+    if u_i is not None:
+        sch.unroll(u_i)
+    _vectorize_last(sch, wb, params)
+    slab = _stage_producers_per_slab(sch, block_rv, facts, others_vars, outer, done, notes)
+    notes.append(parallelize(sch, outer[:slab] if slab else outer, facts.volume(), params))
+    if reduce:  # after vectorize: a decomposed update is no longer a "reduction block"
+        init = sch.decompose_reduction(block_rv, reduce[0])
+        done += [sch.get(init).name_hint, sch.get(block_rv).name_hint]
+        _vectorize_last(sch, init, params)
+    return done, notes
+
+
+def deinterleave_strided(sch: s_tir.Schedule, block_rv, facts: BlockFacts,
+                         kept: dict[str, str]) -> list[str]:
+    """Give a stride-2 conv/pool input an even/odd-split innermost layout, (.., w) →
+    (.., w % 2, w // 2), so the window reads ``x[.., rx % 2, ow + rx // 2]``: contiguous in
+    the output column instead of a gather of every other element. A kept producer (the
+    padding) simply writes that layout; a function input is copied once (``cache_read``).
+    Returns notes (empty when nothing applied)."""
+    from .analysis import alloc_buffers
+
+    live = [v for v in facts.spatial if facts.extents[v.name] > 1]
+    if not live:
+        return []
+    v = live[-1]
+    strided = {r.buffer for r in facts.reads if stride_in_last_dim(r.indices, v) == 2}
+    if not strided:
+        return []
+    block = sch.get(block_rv)
+    intermediates = alloc_buffers(sch)
+    notes = []
+    for index, region in enumerate(block.reads):
+        name = region.source.name
+        if name not in strided or const_int(region.source.shape[-1]) is None:
+            continue
+        if const_int(region.source.shape[-1]) % 2:
+            continue
+        producers = [p for p in sch.get_producers(block_rv)
+                     if sch.get(p).writes[0].source.name == name]
+        try:
+            if name in intermediates and len(producers) == 1 and [
+                    sch.get(c).name_hint for c in sch.get_consumers(producers[0])] == [
+                    facts.name]:
+                target = producers[0]
+            elif name not in intermediates:
+                target = sch.cache_read(block_rv, index, "global")
+            else:
+                continue
+            rank = len(region.source.shape)
+            sch.transform_layout(target, ("write", 0), tvm.tirx.IndexMap.from_func(
+                lambda *i: (*i[:-1], i[-1] % 2, i[-1] // 2), ndim=rank))
+        except s_tir.ScheduleError:
+            continue
+        notes.append(f"{sch.get(target).name_hint}: stride-2 input split into even/odd "
+                     f"columns for contiguous vector loads")
+        buffer = sch.get(target).writes[0].source.name
+        kept[buffer] = ((kept[buffer] + "; ") if buffer in kept else "") + (
+            f"laid out as even/odd columns for stride-2 {facts.name!r} (contiguous vectors)")
+    return notes
+
+
+def transpose_to_vector_axis(sch: s_tir.Schedule, block_rv, facts: BlockFacts,
+                             kept: dict[str, str]) -> list[str]:
+    """A matmul whose second operand is stored row by row of the *output* axis (``B[j, k]``,
+    what SmartMem's reduction-innermost layout and a transposed-B GEMM give) cannot load a
+    vector along ``j``. When each element is reused at least ``_MIN_REUSE`` times, copy the
+    operand once with ``j`` moved innermost (``cache_read`` + ``transform_layout``; a kept
+    producer writes that layout directly) so the tile rule applies. Returns notes."""
+    from .analysis import alloc_buffers
+
+    live = [v for v in facts.spatial if facts.extents[v.name] > 1]
+    if not facts.is_reduction or not live:
+        return []
+    v = live[-1]
+    block = sch.get(block_rv)
+    intermediates = alloc_buffers(sch)
+    notes = []
+    for read in facts.reads:
+        dims = [i for i, ix in enumerate(read.indices) if index_uses([ix], v)]
+        if len(dims) != 1 or dims[0] == len(read.indices) - 1:
+            continue
+        if not any(index_uses(read.indices[-1:], k) for k in facts.reduce):
+            continue
+        index = next((i for i, r in enumerate(block.reads) if r.source.name == read.buffer),
+                     None)
+        shape = block.reads[index].source.shape if index is not None else None
+        size = numel(shape) if shape is not None else 0
+        if not size or facts.volume() < _MIN_REUSE * size:
+            continue
+        producers = [p for p in sch.get_producers(block_rv)
+                     if sch.get(p).writes[0].source.name == read.buffer]
+        try:
+            if read.buffer in intermediates and len(producers) == 1 and [
+                    sch.get(c).name_hint for c in sch.get_consumers(producers[0])] == [
+                    facts.name]:
+                target = producers[0]
+            elif read.buffer not in intermediates:
+                target = sch.cache_read(block_rv, index, "global")
+            else:
+                continue
+            sch.transform_layout(target, ("write", 0), tvm.tirx.IndexMap.from_func(
+                _move_last(dims[0]), ndim=len(shape)))
+        except s_tir.ScheduleError:
+            continue
+        notes.append(f"{sch.get(target).name_hint}: operand copied once with the output axis "
+                     f"innermost (B[j, k] → B[k, j]) for vector loads")
+        kept[sch.get(target).writes[0].source.name] = (
+            f"operand of Many-to-Many {facts.name!r} re-laid out with its output axis "
+            f"innermost (copied once, each element reused "
+            f"{facts.volume() // max(size, 1)}x) so the tile can load vectors")
+        break
+    return notes
+
+
+def _move_last(dim: int):
+    def index_map(*idx):
+        return (*idx[:dim], *idx[dim + 1:], idx[dim])
+
+    return index_map
+
+
+def _stage_producers_per_slab(sch, block_rv, facts, others_vars, outer, done, notes) -> int:
+    """A depthwise conv or a pooling window reads its padded input one channel at a time:
+    compute the kept padding per channel, under the channel loop, so it is still in cache
+    when the window reads it, instead of one pass over the whole tensor. Returns how many
+    outer loops form the slab (0: nothing staged)."""
+    if len(outer) != len(others_vars) + 1:
+        return 0  # a reuse axis: every tile reads every channel
+    producers = [p for p in sch.get_producers(block_rv)
+                 if (pf := block_facts(sch, p)) is not None and not pf.is_reduction]
+    if not producers:
+        return 0
+    buffers = {sch.get(p).writes[0].source.name for p in producers}
+    reads = [r for r in facts.reads if r.buffer in buffers]
+    units = [k for k in facts.reduce if facts.extents[k.name] == 1]
+    slab = 0
+    for var in others_vars:
+        dims = [[ix for ix in r.indices if index_uses([ix], var)] for r in reads]
+        if not all(len(d) == 1 and _is_var_plus_units(d[0], var, units) for d in dims):
+            break
+        slab += 1
+    if slab == 0:
+        return 0
+    for producer in producers:
+        name = sch.get(producer).name_hint
+        try:
+            sch.compute_at(producer, outer[slab - 1], preserve_unit_loops=True)
+        except s_tir.ScheduleError:
+            continue
+        done.append(name)
+        notes.append(f"{name} staged per slab")
+    return slab
+
+
+def _fuse_vector_axis(sch: s_tir.Schedule, block_rv, wb, plan: TilePlan) -> tuple[str, str]:
+    """Make (w, v) one iterator of the anchor, of its accumulator and of its write-back.
+
+    Fusing only the loops would let a tile cross a row, and ``reverse_compute_at`` then covers
+    the bounding box of the rows touched: the write-back would store accumulator lanes this
+    tile never computed. With the accumulator flattened and both blocks iterating the fused
+    axis, each tile's region is exact. Returns the new names of v and u."""
+    block = sch.get(block_rv)
+    names = [iv.var.name for iv in block.iter_vars]
+    pos = names.index(plan.v_fused[0])
+    u_pos = names.index(plan.u) if plan.u is not None else None
+    row = const_int(block.iter_vars[pos + 1].dom.extent)
+    rank = len(sch.get(wb).iter_vars)
+
+    def flatten_last_two(*idx):
+        return (*idx[:-2], idx[-2] * row + idx[-1])
+
+    def fuse_at(*idx):
+        return (*idx[:pos], idx[pos] * row + idx[pos + 1], *idx[pos + 2:])
+
+    sch.transform_layout(block_rv, ("write", 0),
+                         tvm.tirx.IndexMap.from_func(flatten_last_two, ndim=rank))
+    sch.transform_block_layout(block_rv, tvm.tirx.IndexMap.from_func(fuse_at, ndim=len(names)))
+    sch.transform_block_layout(wb, tvm.tirx.IndexMap.from_func(flatten_last_two, ndim=rank))
+    new = [iv.var.name for iv in sch.get(block_rv).iter_vars]
+    u_new = None
+    if u_pos is not None:
+        u_new = new[u_pos if u_pos < pos else u_pos - 1]
+    return new[pos], u_new
+
+
+def shapes_of(sch: s_tir.Schedule) -> dict:
+    return tile_shapes(sch)
+
+
+def _reads_each_element_once(cf: BlockFacts, buffer: str, shapes: dict) -> bool:
+    """Whether ``reverse_compute_inline`` can express the consumer per produced element: it
+    must use every one of its (non-unit) iterators to index ``buffer`` and iterate no more
+    points than ``buffer`` has (a slice is fine). A broadcast consumer is not, and TVM 0.27
+    crashes on it instead of refusing."""
+    reads = cf.reads_of(buffer)
+    if not reads or buffer not in shapes or len({str(r.indices) for r in reads}) != 1:
+        return False  # x * sigmoid(x) reads one element twice: fine; two elements: not
+    live = [v for v in cf.spatial if cf.extents[v.name] > 1]
+    if not all(index_uses(reads[0].indices, v) for v in live):
+        return False
+    return cf.volume() <= numel(shapes[buffer])
+
+
+def _reads_tile_exactly(sch: s_tir.Schedule, block_rv, buffer: str) -> bool:
+    """The block reads ``buffer`` only at plain, distinct iterators (a copy, a permutation, a
+    broadcast), never in a select branch: then the part of it that reads one rectangular
+    tile is exactly that tile. A reshape's div/mod index would make ``reverse_compute_at``
+    cover a bounding box, reading elements other tiles have not written yet."""
+    block = sch.get(block_rv)
+    if not isinstance(block.body, tvm.tirx.BufferStore) or _read_under_condition(
+            sch, block_rv, buffer):
+        return False
+    names = {iv.var.name for iv in block.iter_vars}
+    for load in buffer_loads(block.body.value):
+        if load.source.name != buffer:
+            continue
+        seen = [getattr(ix, "name", None) for ix in load.indices if const_int(ix) is None]
+        if any(n not in names for n in seen) or len(set(seen)) != len(seen):
+            return False
+    return True
+
+
+def _read_under_condition(sch: s_tir.Schedule, block_rv, buffer: str) -> bool:
+    """The block reads ``buffer`` only in a branch of a select (concat, stack, pad)."""
+    value = sch.get(block_rv).body.value if hasattr(sch.get(block_rv).body, "value") else None
+    if value is None:
+        return True
+    for node in find_all(value, (tvm.ir.Call, tvm.tirx.Select)):
+        if isinstance(node, tvm.ir.Call) and not (
+                isinstance(node.op, tvm.ir.Op) and node.op.name.endswith("if_then_else")):
+            continue
+        branches = node.args[1:] if isinstance(node, tvm.ir.Call) else [
+            node.true_value, node.false_value]
+        if any(ld.source.name == buffer for br in branches for ld in buffer_loads(br)):
+            return True
+    return False
+
+
+def _written_before(sch: s_tir.Schedule, block_rv) -> set[str]:
+    """Output buffers completely written by top-level stages that run before the anchor's nest
+    (and by nothing after it): for the anchor's epilogue they are inputs, not producers.
+    Only function parameters qualify: hiding a read of an intermediate would also hide it from
+    TVM's allocation planning."""
+    from .analysis import main_func, root_block
+
+    params = {p.name for p in main_func(sch).params}
+    before, after, seen = set(), set(), False
+    anchor = sch.get(block_rv)
+    for child in sch.get_child_blocks(root_block(sch)):
+        block = sch.get(child)
+        if block.same_as(anchor):
+            seen = True
+            continue
+        (after if seen else before).update(w.source.name for w in block.writes)
+    return (before - after) & params
+
+
+def _hide_reads(sch: s_tir.Schedule, block_rv, ready: set[str]) -> None:
+    """Hide an epilogue's reads of buffers finished before the anchor (a mask computed by an
+    earlier stage) from the dependence checks of reverse_compute_inline/at, which otherwise
+    refuse a consumer with a second producer block. Safe: the order of the top-level stages
+    is fixed from here on and those writers all run before the anchor's nest."""
+    reads = sch.get(block_rv).reads
+    hidden = [i for i, r in enumerate(reads) if r.source.name in ready]
+    if hidden:
+        sch.unsafe_hide_buffer_access(block_rv, "read", hidden)
+
+
+def _vectorize_last(sch: s_tir.Schedule, block_rv, params: CpuParams) -> None:
+    """Vectorise a tile-level block's innermost loop when it has more than one lane."""
+    loops = sch.get_loops(block_rv)
+    if not loops:
+        return
+    last = sch.get(loops[-1])
+    extent = loop_extent(sch, loops[-1]) or 1
+    if extent > 1 and extent <= 16 * params.lanes and int(last.kind) == 0:
+        sch.vectorize(loops[-1])
+
+
+def tile_shapes(sch: s_tir.Schedule) -> dict:
+    """Buffer name -> shape for every buffer the function reads (params and intermediates)."""
+    from .analysis import alloc_buffers, main_func
+
+    shapes = {p.name: list(p.shape) for p in main_func(sch).params if hasattr(p, "shape")}
+    shapes.update({n: list(b.shape) for n, b in alloc_buffers(sch).items()})
+    return shapes

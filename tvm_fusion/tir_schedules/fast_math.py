@@ -1,0 +1,131 @@
+"""Vectorisable float32 ``exp``, ``erf``, ``tanh``, ``sigmoid`` and small integer powers.
+
+LLVM lowers a vector ``exp``/``tanh`` to one libm call per lane and leaves ``erf`` scalar, so a
+fused GELU or softmax spends more time in those calls than its matmul spends multiplying
+(GPT-2's tanh-GELU prologue took as long as the FFN matmul). These are the same polynomial and
+rational approximations TVM's ``topi.fast_exp``/``fast_erf``/``fast_tanh`` (and Eigen) use:
+relative error about 1e-7 for ``exp`` and absolute error below 1e-6 for ``erf``/``tanh``, well
+inside the tolerances models are compared at. ``pow(x, 2|3|4)`` becomes multiplications.
+
+Only float32 calls are rewritten; the rewrite is a structural map over the PrimFunc.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+_F32 = "float32"
+
+
+def _c(value: float):
+    return tirx.const(value, _F32)
+
+
+def _bind(value, build):
+    """``build(x)`` with ``value`` bound once (a Let), so a polynomial reads it once."""
+    if isinstance(value, (tvm.ir.Var, tirx.FloatImm)):
+        return build(value)
+    var = tvm.tirx.Var("fm", str(value.ty.dtype))
+    return tirx.Let(var, value, build(var))
+
+
+def fast_exp(value):
+    """2^n · p(r), r = x − n·ln2 (topi.fast_exp's coefficients)."""
+
+    def with_n(x, n):
+        def with_r(r):
+            p = _c(1.9875691500e-4)
+            for coef in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+                         5.0000001201e-1):
+                p = p * r + _c(coef)
+            y = p * r * r + r + _c(1.0)
+            scale = tirx.reinterpret(_F32, tirx.shift_left(
+                tirx.Cast("int32", n) + tirx.const(127, "int32"), tirx.const(23, "int32")))
+            return y * scale
+
+        return _bind(x - n * _c(0.6931471805599453), with_r)
+
+    def build(x):
+        return _bind(tirx.max(tirx.min(x, _c(88.3762626647950)), _c(-88.3762626647949)),
+                     lambda xc: _bind(tirx.floor(xc * _c(1.44269504088896341) + _c(0.5)),
+                                      lambda n: with_n(xc, n)))
+
+    return _bind(value, build)
+
+
+def fast_erf(value):
+    """Odd/even rational approximation on [-4, 4] (Eigen's, as topi.fast_erf)."""
+    alpha = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+             -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+             -1.60960333262415e-02)
+    beta = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+            -7.37332916720468e-03, -1.42647390514189e-02)
+    return _bind(value, lambda x: _rational(x, 4.0, alpha, beta))
+
+
+def fast_tanh(value):
+    """Odd/even rational approximation on [-9, 9] (Eigen's, as topi.fast_tanh)."""
+    alpha = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+             5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+             4.89352455891786e-03)
+    beta = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+            4.89352518554385e-03)
+    return _bind(value, lambda x: _rational(x, 9.0, alpha, beta))
+
+
+def _rational(x, bound: float, alpha, beta):
+    def build(xc):
+        def with_x2(x2):
+            p = _c(alpha[0])
+            for coef in alpha[1:]:
+                p = x2 * p + _c(coef)
+            q = _c(beta[0])
+            for coef in beta[1:]:
+                q = x2 * q + _c(coef)
+            return xc * p / q
+
+        return _bind(xc * xc, with_x2)
+
+    return _bind(tirx.max(tirx.min(x, _c(bound)), _c(-bound)), build)
+
+
+def fast_sigmoid(value):
+    return _c(1.0) / (_c(1.0) + fast_exp(_c(0.0) - value))
+
+
+def _int_power(base, exponent) -> object | None:
+    if not isinstance(exponent, tirx.FloatImm) or exponent.value not in (2.0, 3.0, 4.0):
+        return None
+    count = int(exponent.value)
+
+    def build(x):
+        result = x
+        for _ in range(count - 1):
+            result = result * x
+        return result
+
+    return _bind(base, build)
+
+
+_RULES = {"tirx.exp": fast_exp, "tirx.erf": fast_erf, "tirx.tanh": fast_tanh,
+          "tirx.sigmoid": fast_sigmoid}
+
+
+def _rewrite(call):
+    if not isinstance(call.op, tvm.ir.Op) or str(getattr(call.ty, "dtype", "")) != _F32:
+        return call
+    name = call.op.name
+    if name in _RULES and len(call.args) == 1:
+        return _RULES[name](call.args[0])
+    if name == "tirx.pow" and len(call.args) == 2:
+        replaced = _int_power(call.args[0], call.args[1])
+        if replaced is not None:
+            return replaced
+    return call
+
+
+def fast_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with float32 exp/erf/tanh/sigmoid/pow(x, 2..4) replaced as above."""
+    return tvm_ffi.structural_map(func, [(tvm.ir.Call, _rewrite)])

@@ -1,0 +1,155 @@
+"""``ScheduleFusedBlocks(target)``: every fused PrimFunc becomes one loop nest per anchor, then
+gets the target's schedule.
+
+Two steps per PrimFunc, on one :class:`tvm.s_tir.Schedule`:
+
+1. :func:`~.inline.inline_producers` inlines One-to-One/Reorganize/Shuffle/One-to-Many
+   producers (data movement becomes index changes) unless recomputation costs more than a
+   buffer; each survivor's reason is recorded;
+2. the CPU rules (:mod:`.cpu`) tile the Many-to-Many anchor with its epilogue stored from the
+   accumulator, compute row statistics per row, vectorise and parallelise.
+
+Recorded on each function (for ``tvm-fusion report`` and the tests):
+
+* ``tvm_fusion.kept_buffers``: ``{buffer: reason}`` for every intermediate still allocated;
+* ``tvm_fusion.schedule``: one line per stage saying which rule did what;
+* ``tvm_fusion.schedule_fallback``: present when the full schedule failed, with the error; the
+  function then gets inlining plus a plain parallel/vectorised loop per stage (or nothing),
+  and a warning is issued. A schedule failure never fails the build.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import tvm
+from tvm import s_tir, tirx
+
+from .analysis import alloc_buffers
+from .cpu import schedule_cpu
+from .cpu_target import CpuParams, cpu_params
+from .fast_math import fast_math
+from .inline import _first_line, inline_producers
+from .order import hoist_independent_stages
+
+KEPT_ATTR = "tvm_fusion.kept_buffers"
+SCHEDULE_ATTR = "tvm_fusion.schedule"
+FALLBACK_ATTR = "tvm_fusion.schedule_fallback"
+_DONE_ATTR = "tvm_fusion.scheduled"
+
+
+class ScheduleFailedWarning(UserWarning):
+    """A fused function fell back to a simpler schedule; the reason is on the function."""
+
+
+def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = True,
+                      tile: bool = True, fast: bool = True) -> tirx.PrimFunc:
+    """One fused PrimFunc, inlined and scheduled, with the record attributes attached.
+
+    ``fast`` replaces float32 exp/erf/tanh/sigmoid by vectorisable approximations
+    (:mod:`.fast_math`)."""
+    base = hoist_independent_stages(func).with_attr("global_symbol", "main")
+    sch = s_tir.Schedule(base)
+    kept, inlined = inline_producers(sch) if inline else ({}, [])
+    notes = schedule_cpu(sch, params, tile=tile, kept=kept)
+    result = sch.mod["main"]
+    if fast:  # last: TVM's inliners cannot analyse the Let bindings it introduces
+        result = fast_math(result)
+    reasons = _kept_reasons(result, kept, notes)
+    attrs = {KEPT_ATTR: reasons, SCHEDULE_ATTR: notes + [f"inlined {n}" for n in inlined],
+             _DONE_ATTR: True}
+    return _restore_symbol(result, func).with_attrs(attrs)
+
+
+def _restore_symbol(result: tirx.PrimFunc, original: tirx.PrimFunc) -> tirx.PrimFunc:
+    symbol = original.attrs.get("global_symbol") if original.attrs else None
+    if symbol is None:
+        return result.without_attr("global_symbol")
+    return result.with_attr("global_symbol", symbol)
+
+
+def _kept_reasons(func: tirx.PrimFunc, kept: dict[str, str], notes: list[str]) -> dict:
+    """A reason for every intermediate the function still allocates."""
+    reasons = {}
+    for name, buf in alloc_buffers_of(func).items():
+        if name in kept:
+            reasons[name] = kept[name]
+        elif buf.scope() == "local":
+            reasons[name] = "accumulator tile (local scope, registers after unrolling)"
+        else:
+            reasons[name] = ("result of a Many-to-Many (reduction) stage: a reduction cannot be "
+                             "inlined; computed per row/tile where its consumers allow")
+    return reasons
+
+
+def alloc_buffers_of(func: tirx.PrimFunc) -> dict:
+    return {b.name: b for b in func.body.block.alloc_buffers}
+
+
+def _schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
+                            fast: bool) -> tirx.PrimFunc:
+    try:
+        return schedule_primfunc(func, params, fast=fast)
+    except Exception as err:  # noqa: BLE001 (TVM raises several types; all mean "not this")
+        reason = f"{type(err).__name__}: {_first_line(err)}"
+    warnings.warn(f"tvm_fusion: schedule of {gvar.name_hint} failed ({reason}); "
+                  f"using inlining with plain parallel/vector loops", ScheduleFailedWarning,
+                  stacklevel=2)
+    for inline, tile in ((True, False), (False, False)):
+        try:
+            out = schedule_primfunc(func, params, inline=inline, tile=tile, fast=fast)
+            return out.with_attr(FALLBACK_ATTR, reason)
+        except Exception:  # noqa: BLE001
+            continue
+    return func.with_attrs({FALLBACK_ATTR: reason + "; left unscheduled", _DONE_ATTR: True})
+
+
+def _is_llvm(target: tvm.target.Target) -> bool:
+    return target.kind.name in ("llvm", "c")
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ScheduleFusedBlocks")
+class ScheduleFusedBlocks:
+    """Inline and schedule every PrimFunc of the module for a CPU target.
+
+    Parameters
+    ----------
+    target
+        An ``llvm`` target (x86 or ``mtriple`` aarch64...). ``None`` uses ``Target.current()``.
+        Non-CPU targets are left alone (GPU targets use DLight, see ``pipeline.py``).
+    fast_math
+        Replace float32 exp/erf/tanh/sigmoid by vectorisable approximations (about 1e-7
+        relative error); without it LLVM calls libm once per lane.
+    """
+
+    def __init__(self, target: tvm.target.Target | None = None, fast_math: bool = True):
+        self.target = target
+        self.fast_math = fast_math
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        target = self.target or tvm.target.Target.current()
+        if target is not None and not _is_llvm(target):
+            return mod
+        params = cpu_params(target)
+        updates = {}
+        for gvar, func in mod.functions.items():
+            if not isinstance(func, tirx.PrimFunc) or _skip(func):
+                continue
+            updates[gvar] = _schedule_with_fallback(gvar, func, params, self.fast_math)
+        for gvar, func in updates.items():
+            mod[gvar] = func
+        return mod
+
+
+def _skip(func: tirx.PrimFunc) -> bool:
+    """Functions already scheduled, or that have no schedulable blocks (externs, scans)."""
+    attrs = func.attrs or {}
+    if _DONE_ATTR in attrs or "tirx.is_scheduled" in attrs:
+        return True
+    from ..tir_utils import has_extern_call, iter_sblocks
+
+    return has_extern_call(func.body) or not any(True for _ in iter_sblocks(func))
+
+
+__all__ = ["ScheduleFusedBlocks", "schedule_primfunc", "KEPT_ATTR", "SCHEDULE_ATTR",
+           "FALLBACK_ATTR", "ScheduleFailedWarning", "alloc_buffers", "alloc_buffers_of"]

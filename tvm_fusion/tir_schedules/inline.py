@@ -1,0 +1,110 @@
+"""One loop nest per fusion block: which intermediates are inlined and which survive.
+
+After ``FuseTIR`` a fused PrimFunc still has one loop nest and one intermediate buffer per
+operator. Inlining a producer into its consumers composes their index maps (DNNFusion §4.4's
+per-mapping-type rules reduce to this in TIR): a One-to-One producer is evaluated at the
+consumer's index, a Shuffle/Reorganize producer becomes a permuted or div/mod index, a
+transpose/reshape/slice with one consumer disappears (Figure 5's data-movement elimination).
+
+Inlining is not free when a consumer reads each produced element more than once: a GELU in
+front of a matmul would be recomputed once per output column, an ``exp`` shared by softmax's
+sum and its division twice. A producer therefore survives when recomputing it costs more than
+storing it once (:func:`inline_decision`); the reason is recorded per buffer.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir
+
+from .analysis import BlockFacts, block_facts, numel, param_names, root_block
+
+# Storing an element and loading it back while it is still in cache, in the units of
+# analysis.expr_cost (one add = 1): what keeping an intermediate costs per element.
+MEMORY_COST = 2
+
+
+def inline_decision(sch: s_tir.Schedule, block_rv, facts: BlockFacts) -> tuple[bool, str]:
+    """Whether to inline a spatial producer into its consumers, and why (or why not).
+
+    ``reuse`` is how often the consumers evaluate each produced element in total (their
+    iteration volume times the reads of the buffer, over the buffer's size): inlining multiplies
+    the producer's arithmetic by it.
+    """
+    consumers = sch.get_consumers(block_rv)
+    if not consumers:
+        return False, "no consumer in the function"
+    size = numel(sch.get(block_rv).writes[0].source.shape) or 1
+    reuse = 0.0
+    names, reducers = [], []
+    for consumer in consumers:
+        cf = block_facts(sch, consumer)
+        if cf is None:
+            return False, f"consumer {sch.get(consumer).name_hint!r} is opaque to the analysis"
+        reads = _distinct_reads(cf, facts.write)
+        reuse += cf.volume() * max(reads, 1) / size
+        names.append(cf.name)
+        if cf.is_reduction:
+            reducers.append(cf.name)
+    where = ", ".join(repr(n) for n in names)
+    if facts.padding and reducers and reuse > 1.0 + 1e-9:
+        return False, (f"padding read {reuse:.0f}x per element by reduction {where}: inlining "
+                       f"puts a bounds check in its inner loop; padded once instead")
+    if facts.cost == 0:
+        return True, f"data movement: becomes an index change in {where}"
+    if reuse <= 1.0 + 1e-9:
+        return True, f"read once per element by {where}"
+    if reuse * facts.cost <= facts.cost + MEMORY_COST:
+        return True, f"cheap ({facts.cost} ops) to recompute {reuse:.1f}x in {where}"
+    kind = "prologue of Many-to-Many " if reducers else ""
+    shared = f"common sub-tree of {len(names)} consumers, " if len(names) > 1 else ""
+    return False, (f"{shared}{kind}{where} reads it {reuse:.0f}x per element: recomputing "
+                   f"{facts.cost} ops each time costs more than computing it once")
+
+
+def _distinct_reads(facts: BlockFacts, buffer: str) -> int:
+    seen: list[str] = []
+    for read in facts.reads_of(buffer):
+        key = str(read.indices)
+        if key not in seen:
+            seen.append(key)
+    return len(seen)
+
+
+def inline_producers(sch: s_tir.Schedule) -> tuple[dict[str, str], list[str]]:
+    """Inline every spatial intermediate that :func:`inline_decision` allows, to a fixed point.
+
+    Producers are visited in program order, so a chain folds forward: an elementwise epilogue
+    ends up inside the block that writes the function's output, a prologue inside the last
+    block before the anchor. Returns ``(kept, inlined)``: the surviving spatial intermediates
+    with the reason each survives, and the names of the inlined blocks with why.
+    """
+    params = param_names(sch)
+    inlined: list[str] = []
+    while True:
+        kept: dict[str, str] = {}
+        progress = False
+        for block_rv in sch.get_child_blocks(root_block(sch)):
+            facts = block_facts(sch, block_rv)
+            if facts is None or facts.is_reduction or facts.write in params:
+                continue
+            ok, reason = inline_decision(sch, block_rv, facts)
+            if ok:
+                try:
+                    sch.compute_inline(block_rv)
+                except s_tir.ScheduleError as err:
+                    kept[facts.write] = f"compute_inline failed: {_first_line(err)}"
+                    continue
+                inlined.append(f"{facts.name}: {reason}")
+                progress = True
+                break
+            kept[facts.write] = reason
+        if not progress:
+            return kept, inlined
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    for line in lines:
+        if not line.startswith(("ScheduleError", "The IR", "Access path", "Error message")):
+            return line[:200]
+    return lines[-1][:200] if lines else type(err).__name__

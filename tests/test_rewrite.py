@@ -841,3 +841,18 @@ def test_real_model_rewriting(name, strategy):
     outputs = run(compile_model(rewritten, "llvm"),
                   [feeds[n] for n in graph_input_names(model)])
     compare(outputs, onnx_reference(model, feeds), rtol=1e-3, atol=1e-4)
+
+
+def test_scale_with_a_zero_is_not_moved_into_weights():
+    """x·W / c with a zero in c keeps ±inf downstream; folded, 0·(1/0) would be NaN (found by
+    the property test above)."""
+    c = np.array([[-0.5, -0.25, 0.25, 0.0]], dtype="float32")[:, :N]
+
+    def build(e, xs):
+        m = e(op.matmul(xs[0], const(np.eye(N) * -2.0)))
+        return [e(op.divide(xs[0], e(op.add(e(op.abs(e(op.divide(m, const(c))))),
+                                           const(1.0)))))]
+
+    mod = build_module([Case("zero_scale", [MN], build, set())])
+    _, stats = rewrite(mod)
+    assert "scale_into_weights" not in stats.fired

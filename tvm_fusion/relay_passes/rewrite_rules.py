@@ -515,7 +515,7 @@ def _reduce_merge(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     lhs="(X·W + b) ⊙ c, through reshape/permute_dims/split to the weights",
     rhs="X·(W ⊙ c) + b ⊙ c, folded", flops="mn·(2k+1) → mn·2k",
     preconditions=("c constant: a scalar, or varying only along the columns/rows a matmul "
-                   "can absorb", "every node on the path is used only by the path",
+                   "can absorb", "c finite and non-zero (and 1/c finite for a divide)", "every node on the path is used only by the path",
                    "the path ends in constants on every branch"))
 def _scale_into_weights(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     if not is_float(root.dtype):
@@ -529,9 +529,15 @@ def _scale_into_weights(ctx: Ctx, root: Node) -> Iterable[Candidate]:
         if not is_const(c) or is_const(v) or broadcast(v.shape, c.shape) != v.shape:
             continue
         scale = c.value()
+        # x / 0 keeps ±inf through later ops, while 0 · (1/0) in the folded weights is NaN:
+        # only finite, non-zero scales move into the weights.
+        if not np.all(np.isfinite(scale)) or np.any(scale == 0):
+            continue
         if invert:
             with np.errstate(all="ignore"):
                 scale = (1 / scale).astype(root.dtype)
+            if not np.all(np.isfinite(scale)):
+                continue
         extra: dict = {}
         try:
             new = _absorb(ctx.b, v, np.asarray(scale, dtype=root.dtype), extra)

@@ -515,7 +515,8 @@ def _reduce_merge(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     lhs="(X·W + b) ⊙ c, through reshape/permute_dims/split to the weights",
     rhs="X·(W ⊙ c) + b ⊙ c, folded", flops="mn·(2k+1) → mn·2k",
     preconditions=("c constant: a scalar, or varying only along the columns/rows a matmul "
-                   "can absorb", "c finite and non-zero (and 1/c finite for a divide)", "every node on the path is used only by the path",
+                   "can absorb", "c finite and non-zero (and 1/c finite for a divide)",
+                   "every node on the path is used only by the path",
                    "the path ends in constants on every branch"))
 def _scale_into_weights(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     if not is_float(root.dtype):

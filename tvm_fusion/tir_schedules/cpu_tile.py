@@ -31,6 +31,7 @@ from .loops import (
     loops_by_var,
     parallelize,
     pick_vector_tile,
+    vectorize_inner,
 )
 
 # Copying an operand into a vector-friendly layout pays when each element is reused this often.
@@ -256,7 +257,8 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
     if u_i is not None:
         sch.unroll(u_i)
     _vectorize_last(sch, wb, params)
-    slab = _stage_producers_per_slab(sch, block_rv, facts, others_vars, outer, done, notes)
+    slab = _stage_producers_per_slab(sch, block_rv, facts, others_vars, outer, done, notes,
+                                     params)
     notes.append(parallelize(sch, outer[:slab] if slab else outer, facts.volume(), params))
     if reduce:  # after vectorize: a decomposed update is no longer a "reduction block"
         init = sch.decompose_reduction(block_rv, reduce[0])
@@ -355,6 +357,9 @@ def transpose_to_vector_axis(sch: s_tir.Schedule, block_rv, facts: BlockFacts,
                 continue
             sch.transform_layout(target, ("write", 0), tvm.tirx.IndexMap.from_func(
                 _move_last(dims[0]), ndim=len(shape)))
+            loops = sch.get_loops(target)
+            if len(loops) == len(shape):  # write rows of the new layout contiguously
+                sch.reorder(*loops[:dims[0]], *loops[dims[0] + 1:], loops[dims[0]])
         except s_tir.ScheduleError:
             continue
         notes.append(f"{sch.get(target).name_hint}: operand copied once with the output axis "
@@ -374,11 +379,13 @@ def _move_last(dim: int):
     return index_map
 
 
-def _stage_producers_per_slab(sch, block_rv, facts, others_vars, outer, done, notes) -> int:
+def _stage_producers_per_slab(sch, block_rv, facts, others_vars, outer, done, notes,
+                              params: CpuParams) -> int:
     """A depthwise conv or a pooling window reads its padded input one channel at a time:
     compute the kept padding per channel, under the channel loop, so it is still in cache
-    when the window reads it, instead of one pass over the whole tensor. Returns how many
-    outer loops form the slab (0: nothing staged)."""
+    when the window reads it, instead of one pass over the whole tensor; so is an elementwise
+    prologue kept in front of the padding (a swish), vectorised. Returns how many outer loops
+    form the slab (0: nothing staged)."""
     if len(outer) != len(others_vars) + 1:
         return 0  # a reuse axis: every tile reads every channel
     producers = [p for p in sch.get_producers(block_rv)
@@ -396,14 +403,24 @@ def _stage_producers_per_slab(sch, block_rv, facts, others_vars, outer, done, no
         slab += 1
     if slab == 0:
         return 0
-    for producer in producers:
+    while producers:
+        producer = producers.pop(0)
         name = sch.get(producer).name_hint
         try:
             sch.compute_at(producer, outer[slab - 1], preserve_unit_loops=True)
         except s_tir.ScheduleError:
             continue
         done.append(name)
-        notes.append(f"{name} staged per slab")
+        pf = block_facts(sch, producer)
+        vec = ""
+        if pf is not None and not pf.padding:
+            vec = ", " + vectorize_inner(sch, sch.get_loops(producer)[slab:], params)
+        notes.append(f"{name} staged per slab{vec}")
+        for up in sch.get_producers(producer):  # its own kept elementwise producers
+            uf = block_facts(sch, up)
+            if uf is not None and not uf.is_reduction and [
+                    sch.get(c).name_hint for c in sch.get_consumers(up)] == [name]:
+                producers.append(up)
     return slab
 
 

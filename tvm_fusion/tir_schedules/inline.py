@@ -16,11 +16,14 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .analysis import BlockFacts, block_facts, numel, param_names, root_block
+from .analysis import BlockFacts, block_facts, numel, param_names, root_block, uses_var
 
 # Storing an element and loading it back while it is still in cache, in the units of
 # analysis.expr_cost (one add = 1): what keeping an intermediate costs per element.
 MEMORY_COST = 2
+# Arithmetic this heavy (a sigmoid, a GELU) is not inlined into a padding block: LLVM does not
+# vectorise it under the pad's bounds check, so it stays an elementwise stage of its own.
+PADDED_COST = 4
 
 
 def inline_decision(sch: s_tir.Schedule, block_rv, facts: BlockFacts) -> tuple[bool, str]:
@@ -50,7 +53,15 @@ def inline_decision(sch: s_tir.Schedule, block_rv, facts: BlockFacts) -> tuple[b
         return False, (f"padding read {reuse:.0f}x per element by reduction {where}: inlining "
                        f"puts a bounds check in its inner loop; padded once instead")
     if facts.cost == 0:
+        for consumer in consumers:
+            cf = block_facts(sch, consumer)
+            if _read_across_output_axis(cf, facts.write) and cf.volume() >= 8 * size:
+                return False, (f"operand of Many-to-Many {cf.name!r} read across its output "
+                               f"axis: kept to be written with that axis innermost")
         return True, f"data movement: becomes an index change in {where}"
+    if facts.cost >= PADDED_COST and any(_is_padding(sch, c) for c in consumers):
+        return False, (f"{facts.cost} ops kept out of the padding {where}: under its bounds "
+                       f"check they would not vectorise")
     if reuse <= 1.0 + 1e-9:
         return True, f"read once per element by {where}"
     if reuse * facts.cost <= facts.cost + MEMORY_COST:
@@ -59,6 +70,29 @@ def inline_decision(sch: s_tir.Schedule, block_rv, facts: BlockFacts) -> tuple[b
     shared = f"common sub-tree of {len(names)} consumers, " if len(names) > 1 else ""
     return False, (f"{shared}{kind}{where} reads it {reuse:.0f}x per element: recomputing "
                    f"{facts.cost} ops each time costs more than computing it once")
+
+
+def _read_across_output_axis(cf: BlockFacts | None, buffer: str) -> bool:
+    """``B[j, k]`` in a matmul over ``j``: the output's innermost axis indexes a dimension other
+    than the last, which a reduction iterator indexes (SmartMem's reduction-innermost layout).
+    The tile rule needs such an operand re-laid out, which is free if its producer stays."""
+    if cf is None or not cf.is_reduction:
+        return False
+    live = [v for v in cf.spatial if cf.extents[v.name] > 1]
+    if not live:
+        return False
+    v = live[-1]
+    for read in cf.reads_of(buffer):
+        dims = [i for i, ix in enumerate(read.indices) if uses_var(ix, v)]
+        if (len(dims) == 1 and dims[0] != len(read.indices) - 1
+                and any(uses_var(read.indices[-1], k) for k in cf.reduce)):
+            return True
+    return False
+
+
+def _is_padding(sch: s_tir.Schedule, block_rv) -> bool:
+    facts = block_facts(sch, block_rv)
+    return facts is not None and facts.padding
 
 
 def _distinct_reads(facts: BlockFacts, buffer: str) -> int:

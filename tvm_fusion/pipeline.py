@@ -17,7 +17,7 @@ from .transform import Sequential
 PIPELINE_NAME = "tvm_fusion"
 
 
-def _backend(target: tvm.target.Target):
+def backend_pipeline(target: tvm.target.Target):
     """TVM's backend module for a target (``cpu_generic`` is imported directly: 0.27's
     ``relax.pipeline.dataflow_lower_passes(llvm)`` is broken)."""
     if target.kind.name == "cuda":
@@ -73,7 +73,7 @@ def get_pipeline(target: tvm.target.Target | None = None, **options) -> tvm.tran
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = target or tvm.target.Target.current() or tvm.target.Target("llvm")
-        backend = _backend(tgt)
+        backend = backend_pipeline(tgt)
         passes = [Sequential(tgt, **options)]
         if "gpu" in tgt.keys:
             passes.append(apply_gpu_schedules)

@@ -237,23 +237,13 @@ def _vm_timer(vm, device, inputs: list[np.ndarray], config: TimingConfig):
 def build_variant(candidate: Candidate, variant: str, target: tvm.target.Target,
                   strategy: ScheduleStrategy):
     """Compile one variant with ``strategy`` and the target's own lowering."""
-    backend = _backend(target)
+    from ..pipeline import backend_pipeline  # TVM's own per-target lowering, chosen once
+
+    backend = backend_pipeline(target)
     mod = strategy.apply(candidate.variant_module(variant), target)
     lowering = tvm.transform.Sequential(
         backend.dataflow_lower_passes(target) + backend.finalize_passes(target))
     return tvm.compile(mod, target, relax_pipeline=lowering)
-
-
-def _backend(target: tvm.target.Target):
-    """TVM's per-target lowering (``cpu_generic`` imported directly: 0.27's
-    ``relax.pipeline.dataflow_lower_passes(llvm)`` is broken)."""
-    if target.kind.name == "cuda":
-        from tvm.relax.backend.cuda import pipeline as backend
-    elif "gpu" in target.keys:
-        from tvm.relax.backend.gpu_generic import pipeline as backend
-    else:
-        from tvm.relax.backend.cpu_generic import pipeline as backend
-    return backend
 
 
 # ------------------------------------------------------------------------------- measurer

@@ -246,8 +246,19 @@ def _rule_models():
     ln = _model([helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1)],
                 [_vi("x", [2, 8, 64])], [_vi("y", [2, 8, 64])],
                 [_w("g", [64]), _w("b", [64], 1)])
+    nt = _model([helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+                 helper.make_node("MatMul", ["q", "kt"], ["y"])],
+                [_vi("q", [1, 32, 16]), _vi("k", [1, 48, 16])], [_vi("y", [1, 32, 48])])
+    swish_dw = _model([helper.make_node("Sigmoid", ["x"], ["s"]),
+                       helper.make_node("Mul", ["x", "s"], ["a"]),
+                       helper.make_node("Conv", ["a", "w"], ["y"], kernel_shape=[3, 3],
+                                        pads=[1, 1, 1, 1], group=8)],
+                      [_vi("x", [1, 8, 16, 16])], [_vi("y", [1, 8, 16, 16])],
+                      [_w("w", [8, 1, 3, 3])])
     return {
         "matmul": (mm, "tile matmul"),
+        "matmul_transposed_b": (nt, "output axis innermost"),
+        "swish_before_depthwise": (swish_dw, "staged per slab, vector"),
         "conv": (_conv_model(8, 16, 12, 3), "tile conv"),
         "conv_stride2": (_conv_model(8, 16, 12, 3, stride=2), "tile conv"),
         "conv1x1": (_conv_model(16, 24, 14, 1), "v_yy·v_xx"),  # (h, w) as one vector axis

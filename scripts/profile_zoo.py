@@ -155,7 +155,7 @@ def main(argv=None) -> int:
             model.save(args.model_out)
             print(f"saved the latency model to {args.model_out}")
     if args.json:
-        from tvm_fusion.tuning.atomic import atomic_write_text
+        from tvm_fusion.atomic import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
     return 0 if all(r["identical"] for r in rows) else 1

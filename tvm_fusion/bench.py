@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import atomic_write_text
+
 # variant -> compile_model keyword arguments
 TVM_VARIANTS = {
     "tvm-default": {"strategy": "none"},
@@ -165,10 +167,10 @@ def run_bench(paths: list[Path], target="llvm", variants=ALL_VARIANTS, repeat=10
             rows += bench_model(path, target, variants, repeat, warmup, progress=bar)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _atomic(out / "bench.json", json.dumps(
+    atomic_write_text(out / "bench.json", json.dumps(
         {"target": str(target), "repeat": repeat, "warmup": warmup, "machine": machine(),
          "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
-    _atomic(out / "bench.md", to_markdown(rows) + "\n")
+    atomic_write_text(out / "bench.md", to_markdown(rows) + "\n")
     plot(rows, out / "bench.png")
     return rows
 
@@ -220,10 +222,4 @@ def plot(rows: list[Measurement], path: Path) -> None:
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    os.replace(tmp, path)
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
     os.replace(tmp, path)

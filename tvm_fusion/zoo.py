@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+from .atomic import atomic_write_text
 from .report import ModelReport, make_report
 
 ENV_MODELS = "TVM_FUSION_MODELS"
@@ -97,15 +98,9 @@ def write_outputs(reports: list[ModelReport], out_dir: str | os.PathLike) -> dic
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"markdown": out / "zoo.md", "json": out / "zoo.json", "chart": out / "zoo_kernels.png"}
-    _atomic_write(paths["markdown"], to_markdown(reports) + "\n")
-    _atomic_write(paths["json"], json.dumps([r.to_json() for r in reports], indent=2) + "\n")
+    atomic_write_text(paths["markdown"], to_markdown(reports) + "\n")
+    atomic_write_text(paths["json"], json.dumps([r.to_json() for r in reports], indent=2) + "\n")
     tmp_chart = paths["chart"].with_suffix(".tmp.png")
     plot_kernels(reports, tmp_chart)
     os.replace(tmp_chart, paths["chart"])
     return paths
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
+from .grouping import is_primitive
 from .rewrite_cost import ZERO, add_costs, module_flops, node_cost, sub_costs
 from .rewrite_emit import BlockRewriter
 from .rewrite_ir import BlockGraph, Leaf, Node, Refuse, Value, reset_keys
@@ -167,18 +168,11 @@ def _has_var(expr) -> bool:
 def _rewrite_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
     mutator = BlockRewriter(mod, rewrite)
     for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function) and not _is_primitive(func):
+        if isinstance(func, relax.Function) and not is_primitive(func):
             mutator.builder_.update_func(gvar, mutator.visit_expr(func))
     return mutator.builder_.get()
 
 
-def _is_primitive(func: relax.Function) -> bool:
-    return func.attrs is not None and "Primitive" in func.attrs and bool(func.attrs["Primitive"])
-
-
-# ---------------------------------------------------------------------------------------------
-# The driver: partitions, greedy best-first, fixed point
-# ---------------------------------------------------------------------------------------------
 def rewrite_graph(graph: BlockGraph, enabled: frozenset[str], stats: RewriteStats) -> None:
     """Rewrite one lifted dataflow block in place, partition by partition."""
     reset_keys()

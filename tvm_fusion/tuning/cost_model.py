@@ -35,7 +35,7 @@ import os
 
 import numpy as np
 
-from .atomic import atomic_write_text
+from ..atomic import atomic_write_text
 from .database import ProfilingDatabase
 
 MODEL_FORMAT = "tvm_fusion.latency_model"

@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
-from .atomic import atomic_write_text
+from ..atomic import atomic_write_text
 
 APPLICATION_ID = 0x54464442  # "TFDB"
 FORMAT = "tvm_fusion.profiling_db"

@@ -22,7 +22,9 @@ EXTRAS = {
     # scripts/export_models.py works around (it needs only the model definitions).
     "models": ["torch==2.13.0", "torchvision==0.28.0", "transformers", "timm", "onnxscript"],
     "opencl": ["pyopencl"],
-    "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff", "onnxruntime", "matplotlib"],
+    "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff", "onnxruntime", "matplotlib",
+            # tutorials/*.ipynb are executed by tests/test_tutorials.py
+            "nbclient", "nbformat", "ipykernel"],
 }
 
 setup(

@@ -297,3 +297,26 @@ def compile_layout(mod: tvm.IRModule, layout: bool = True):
                 + backend.finalize_passes(LLVM))(m)
 
     return tvm.compile(mod, LLVM, relax_pipeline=_pipeline)
+
+
+def test_a_producer_read_in_two_layouts_by_two_graph_outputs_stays_well_formed():
+    """Regression: a softmax feeding two different transposes that are both graph outputs.
+    TVM's reverse_compute_inline retargeted the store for the first and left the second reading
+    a buffer that no longer existed; the producer now writes its natural layout once more."""
+    def body(bb, x):
+        s = bb.emit(relax.op.nn.softmax(x))
+        a = bb.emit(relax.op.permute_dims(s, [1, 0, 2]))
+        b = bb.emit(relax.op.permute_dims(s, [2, 1, 0]))
+        return relax.Tuple([a, b])
+    mod = _relax(body)((4, 6, 8))
+    x = np.random.default_rng(0).standard_normal((4, 6, 8)).astype("float32")
+    e = np.exp(x - x.max(-1, keepdims=True))
+    soft = e / e.sum(-1, keepdims=True)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the scheduler's fallback warning fails the test
+        fused = fuse(mod, LLVM)
+    got = run(tvm.compile(fused, LLVM), [x])
+    np.testing.assert_allclose(got[0], soft.transpose(1, 0, 2), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1], soft.transpose(2, 1, 0), rtol=1e-5, atol=1e-6)

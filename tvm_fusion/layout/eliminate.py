@@ -170,6 +170,12 @@ def inline_copies(func: tirx.PrimFunc) -> tirx.PrimFunc:
                 continue
         producers = sch.get_producers(rv)
         reduction = any(_is_reduction(sch.get(p)) for p in producers)
+        if any(len(sch.get_consumers(p)) > 1 for p in producers):
+            # TVM 0.27's reverse_compute_inline does not check this: it retargets the store and
+            # leaves the other readers of the producer's buffer dangling (ill-formed TIR).
+            notes.append(f"{name}: eliminate 2nd, a second layout written by the producer "
+                         "(its natural layout is read elsewhere)")
+            continue
         try:
             sch.reverse_compute_inline(rv)
             notes.append(f"{name}: eliminate 2nd, composed into the producer's store")

@@ -116,3 +116,28 @@ def shape_numel(shape) -> int | None:
             return None
         total *= value
     return total
+
+
+def refresh_access_regions(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with every block's read/write regions recomputed from its body.
+
+    FuseTIR merges the regions of a block whose inputs became one buffer (``concat(t, t)``)
+    and can keep only one of them; ``compute_at`` trusts the annotation, so a producer
+    attached there would compute only the rows that one region names."""
+    from tvm.s_tir import analysis
+
+    buffers = {p: p for p in func.params}  # TVM 0.27: a buffer is its own variable
+    root = getattr(func.body, "block", None)
+    for block in ([root] if root is not None else []) + list(iter_sblocks(func)):
+        buffers.update({b: b for b in block.alloc_buffers})
+
+    def refresh(block: SBlock):
+        if not block.iter_vars:  # the root block has no regions of its own
+            return block
+        reads, writes = analysis.get_sblock_read_write_region(block, buffers)
+        return SBlock(block.iter_vars, reads, writes, block.name_hint, block.body, block.init,
+                      block.alloc_buffers, block.match_buffers, block.annotations, block.span)
+
+    import tvm_ffi
+
+    return tvm_ffi.structural_map(func, [(SBlock, refresh)])

@@ -18,6 +18,7 @@ Every stage records a one-line note (``tvm_fusion.schedule`` on the function).
 
 from __future__ import annotations
 
+import numpy as np
 from tvm import s_tir
 
 from .analysis import BlockFacts, block_facts, index_uses, param_names, root_block
@@ -137,8 +138,9 @@ def _schedule_spatial_sink(sch, sink, facts: BlockFacts, group: list, params: Cp
         group, partials = _split_lanes(sch, group, params)
         for block_rv in reversed(group):
             name = sch.get(block_rv).name_hint
+            at = _shallowest_same_work(sch, block_rv, loops, depth)
             try:
-                sch.compute_at(block_rv, loops[depth], preserve_unit_loops=True)
+                sch.compute_at(block_rv, loops[at], preserve_unit_loops=True)
             except s_tir.ScheduleError:
                 continue  # stays at the root; scheduled as a sink of its own later
             attached.insert(0, (block_rv, name))
@@ -163,6 +165,33 @@ def _schedule_spatial_sink(sch, sink, facts: BlockFacts, group: list, params: Cp
     work = facts.volume() * (2 + facts.cost) * (1 + len(attached))
     par = parallelize(sch, sch.get_loops(sink)[: depth + 1], work, params)
     return f"{facts.name}: rows of {', '.join(parts)}; {vec}; {par}"
+
+
+def _shallowest_same_work(sch: s_tir.Schedule, block_rv, loops: list, depth: int) -> int:
+    """Where a spatial producer of a row group goes: the row loop ``depth``, or a shallower
+    loop when its region there is no larger (a whole-operand copy such as a re-laid-out GEMM
+    operand needs the same rows for every output row: per row it would be copied once per
+    row instead of once). Reductions stay per row."""
+    facts = block_facts(sch, block_rv)
+    if facts is None or facts.is_reduction or depth <= 0:
+        return depth
+
+    def work(at: int) -> int | None:
+        trial = sch.copy()
+        try:
+            trial.compute_at(block_rv, loops[at], preserve_unit_loops=True)
+        except s_tir.ScheduleError:
+            return None
+        extents = [loop_extent(trial, lp) for lp in trial.get_loops(block_rv)[at + 1:]]
+        return None if None in extents else int(np.prod(extents, dtype=np.int64))
+
+    per_row = work(depth)
+    if per_row is None:
+        return depth
+    for at in range(depth):
+        if work(at) == per_row:
+            return at
+    return depth
 
 
 def _split_lanes(sch: s_tir.Schedule, group: list, params: CpuParams) -> tuple[list, set[str]]:

@@ -299,8 +299,8 @@ def deinterleave_strided(sch: s_tir.Schedule, block_rv, facts: BlockFacts,
                     sch.get(c).name_hint for c in sch.get_consumers(producers[0])] == [
                     facts.name]:
                 target = producers[0]
-            elif name not in intermediates:
-                target = sch.cache_read(block_rv, index, "global")
+            elif name not in intermediates:  # only this block reads the copy
+                target = sch.cache_read(block_rv, index, "global", consumer_blocks=[block_rv])
             else:
                 continue
             rank = len(region.source.shape)
@@ -351,8 +351,8 @@ def transpose_to_vector_axis(sch: s_tir.Schedule, block_rv, facts: BlockFacts,
                     sch.get(c).name_hint for c in sch.get_consumers(producers[0])] == [
                     facts.name]:
                 target = producers[0]
-            elif read.buffer not in intermediates:
-                target = sch.cache_read(block_rv, index, "global")
+            elif read.buffer not in intermediates:  # only this block reads the copy
+                target = sch.cache_read(block_rv, index, "global", consumer_blocks=[block_rv])
             else:
                 continue
             sch.transform_layout(target, ("write", 0), tvm.tirx.IndexMap.from_func(

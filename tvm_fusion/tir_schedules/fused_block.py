@@ -30,6 +30,7 @@ from .cpu import schedule_cpu
 from .cpu_target import CpuParams, cpu_params
 from .fast_math import fast_math
 from .inline import _first_line, inline_producers
+from ..tir_utils import refresh_access_regions
 from .order import hoist_independent_stages
 
 KEPT_ATTR = "tvm_fusion.kept_buffers"
@@ -48,7 +49,8 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
 
     ``fast`` replaces float32 exp/erf/tanh/sigmoid by vectorisable approximations
     (:mod:`.fast_math`)."""
-    base = hoist_independent_stages(func).with_attr("global_symbol", "main")
+    base = hoist_independent_stages(refresh_access_regions(func))
+    base = base.with_attr("global_symbol", "main")
     sch = s_tir.Schedule(base)
     kept, inlined = inline_producers(sch) if inline else ({}, [])
     notes = schedule_cpu(sch, params, tile=tile, kept=kept)

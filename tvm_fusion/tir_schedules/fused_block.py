@@ -25,12 +25,12 @@ import warnings
 import tvm
 from tvm import s_tir, tirx
 
+from ..tir_utils import refresh_access_regions
 from .analysis import alloc_buffers
 from .cpu import schedule_cpu
 from .cpu_target import CpuParams, cpu_params
 from .fast_math import fast_math
 from .inline import _first_line, inline_producers
-from ..tir_utils import refresh_access_regions
 from .order import hoist_independent_stages
 
 KEPT_ATTR = "tvm_fusion.kept_buffers"

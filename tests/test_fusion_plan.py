@@ -58,10 +58,14 @@ def test_figure3_plan():
     model = figure3_graph()
     # the paper's plan; SmartMem's elimination (layout=True) would pull the Add into the GEMM as
     # an epilogue first (its Table 5 "fuse" action): same kernel count, different blocks
-    plan, fused = _plan(model, layout=False, rewrite=False)
+    plan, fused = _plan(model, layout=False, rewrite=False, prefer_epilogues=False)
     assert count_kernels(_plan(model)[1]) == 2
     assert sorted(_block_ops(plan)) == [
         ["add", "conv2d", "multiply", "relu", "subtract"], ["matmul"]]
+    # by default the Add waits for its producer: the GEMM's epilogue, not the conv's prologue
+    default, _ = _plan(model, layout=False, rewrite=False)
+    assert sorted(_block_ops(default)) == [
+        ["add", "matmul"], ["conv2d", "multiply", "relu", "subtract"]]
     assert plan.blocks[[len(b) for b in plan.blocks].index(5)].mapping_type is MT.MANY_TO_MANY
     assert any("red" in r.reason and "matmul" in r.first for r in plan.rejections)
     assert count_kernels(fused) == 2
@@ -185,3 +189,26 @@ def test_planning_2000_operators_under_2s():
     assert module_plan.num_operators >= 2000
     assert module_plan.num_kernels == module_plan.anchor_bound
     assert seconds < 2.0, f"planning took {seconds:.2f} s"
+
+
+def test_elementwise_chain_between_two_gemms_is_the_first_ones_epilogue():
+    """MLP: MatMul → Add → Relu → MatMul → Add. The second bias add (smallest result) seeds
+    first and reaches the first MatMul's epilogue only through the second MatMul; by default
+    the Add/Relu chain waits for its producer instead of becoming a re-read prologue."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype("float32"), n)
+             for n, s in (("w1", (16, 64)), ("b1", (64,)), ("w2", (64, 8)), ("b2", (8,)))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Add", ["h", "b1"], ["hb"]),
+        helper.make_node("Relu", ["hb"], ["r"]),
+        helper.make_node("MatMul", ["r", "w2"], ["o"]),
+        helper.make_node("Add", ["o", "b2"], ["y"]),
+    ]
+    model = _model(nodes, [("x", [32, 16])], [("y", [32, 8])], inits)
+    plan, fused = _plan(model, layout=False, rewrite=False)
+    assert sorted(_block_ops(plan)) == [["add", "matmul", "relu"], ["add1", "matmul1"]]
+    literal, _ = _plan(model, layout=False, rewrite=False, prefer_epilogues=False)
+    assert sorted(_block_ops(literal)) == [["add", "add1", "matmul1", "relu"], ["matmul"]]
+    assert count_kernels(fused) == 2
+    check_model(model)

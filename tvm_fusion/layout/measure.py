@@ -126,7 +126,8 @@ def time_row(path: Path, rounds: int = 5, strategy: str = "dnnfusion") -> dict:
             samples[layout].append(float(np.median(timer(*args).results)) * 1e3)
     base, ours = float(np.median(samples[False])), float(np.median(samples[True]))
     return {"model": path.stem, "strategy": strategy, "without_ms": base, "with_ms": ours,
-            "speedup": base / ours, "max_abs_diff": diff, "compile_s": (seconds[False], seconds[True])}
+            "speedup": base / ours, "max_abs_diff": diff,
+            "compile_s": (seconds[False], seconds[True])}
 
 
 def main(argv: list[str] | None = None) -> None:

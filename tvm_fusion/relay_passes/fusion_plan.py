@@ -110,6 +110,8 @@ class PlanOptions:
     oracle: ProfitabilityOracle = field(default_factory=AnalyticOracle)
     max_ops_per_block: int = 64  # the paper's "empirical threshold"; TVM's max_depth is 256
     seed_policy: str = "o2o_then_rest"
+    prefer_epilogues: bool = True  # False: the listing's order (Figure 3's prologue Add)
+    conv_chains: str = "off"  # OptiFX conv→conv chains: "cost_model"|"paper_1.05"|"off"
 
     def __post_init__(self):
         if self.seed_policy not in SEED_POLICIES:
@@ -216,19 +218,59 @@ class _Planner:
         bisect.insort(self.spans, (m[0], m[-1]))
 
     def _grow(self, seed: int) -> None:
-        """Listing 1 steps 2 and 3 from one seed, repeated over every member to a fixed point."""
+        """Listing 1 steps 2 and 3 from one seed, repeated over every member to a fixed point.
+
+        A Many-to-Many consumer is taken only after every producer had its chance: an
+        elementwise chain between two GEMMs then becomes the first one's epilogue (applied to
+        each output element once, from the accumulator) rather than the second one's prologue
+        (re-read per output tile, so kept materialised). Successors-first order alone makes it
+        a prologue whenever the seed sits downstream."""
         self._open(seed)
         frontier = deque([seed])
-        while frontier:
+        deferred: list[tuple[int, int]] = []
+        while frontier or deferred:
+            if not frontier:  # every producer tried: now the deferred anchors, in order
+                succ, via = deferred.pop(0)
+                if self._try_add(succ, producer_first=True, via=via):
+                    frontier.append(succ)
+                continue
             idx = frontier.popleft()
             node = self.ecg.nodes[idx]
             for succ in node.succs:
-                if self._try_add(succ, producer_first=True, via=idx):
+                if (self.opt.prefer_epilogues and node.flops > 0
+                        and self.ecg.nodes[succ].mapping_type is MappingType.MANY_TO_MANY
+                        and self.current.mapping_type is not MappingType.MANY_TO_MANY):
+                    deferred.append((succ, idx))
+                elif self._try_add(succ, producer_first=True, via=idx):
                     frontier.append(succ)
             for pred in node.preds:
-                if self._try_add(pred, producer_first=False, via=idx):
+                if self._leave_for_producer(pred, via=idx):
+                    self.rejections.setdefault(
+                        (pred, idx), "left to be the epilogue of its own Many-to-Many producer")
+                elif self._try_add(pred, producer_first=False, via=idx):
                     frontier.append(pred)
         self._close()
+
+    def _leave_for_producer(self, idx: int, via: int, depth: int = 16) -> bool:
+        """Would ``idx`` join the current block as the prologue of a compute-intensive
+        operator (which re-reads it per output tile) although a free Many-to-Many operator
+        upstream (through free operators) could take it as an epilogue? Then it is left for a
+        later seed. Row reductions re-read nothing, so their prologues stay (TinyBERT's
+        layer-norm chain); data movement stays too (it costs nothing as a prologue)."""
+        nodes = self.ecg.nodes
+        if (not self.opt.prefer_epilogues or not nodes[via].compute_intensive
+                or nodes[idx].flops == 0):  # data movement: an index change in the loads
+            return False
+        todo, seen = [idx], set()
+        while todo and len(seen) < depth:
+            cur = todo.pop()
+            if cur in seen or cur in self.block_of or not nodes[cur].fusible:
+                continue
+            seen.add(cur)
+            if nodes[cur].mapping_type is MappingType.MANY_TO_MANY:
+                return cur != idx
+            todo.extend(nodes[cur].preds)
+        return False
 
     # ------------------------------------------------------------------------------ one step
 

@@ -32,9 +32,10 @@ __all__ = [
 
 # Every option of Sequential with its default (the paper's value where it gives one).
 OPTIONS = {
-    "strategy": "dnnfusion",  # "dnnfusion" | "tvm" (stock FuseOps, for comparison)
+    "strategy": "dnnfusion",  # "dnnfusion" | "apollo" | "tvm" (stock FuseOps, for comparison)
     "broadcast_policy": "expanding_only",  # "expanding_only" | "strict" (paper-literal)
     "seed_policy": "o2o_then_rest",  # "o2o_then_rest" | "paper"
+    "prefer_epilogues": True,  # elementwise chain between two anchors: 1st's epilogue
     "max_ops_per_block": 64,  # the paper's unnamed "empirical threshold"
     "table3": None,  # {(first, second): "green" | "yellow" | "red"} colour overrides
     "flops_per_byte": 10.0,  # analytic yellow-cell oracle: recompute FLOPs one saved byte pays
@@ -51,10 +52,22 @@ OPTIONS = {
     "profile": "db",  # yellow cells: "db" (look up) | "measure" (and measure misses) | "off"
     "profile_db": None,  # path of the profiling database (None: $TVM_FUSION_DB or ~/.cache)
     "latency_model": None,  # path of a trained XGBoost latency model (tvm_fusion.tuning)
+    "conv_chains": "off",  # OptiFX conv→conv: "cost_model" | "paper_1.05" | "off" (docs/optifx.md)
+    # Apollo (strategy="apollo"; docs/apollo.md)
+    "apollo_rules": "practical",  # "practical" | "paper" (Table 1 exactly)
+    "apollo_layers": 3,  # 1: partition + Layer I, 2: + memory stitching, 3: + parallel stitching
+    "apollo_max_branches": 7,  # Layer III: branches per stitched kernel (the paper's 7)
+    "apollo_stitch_bytes": 32 << 20,  # Layer III resource check: working set of a packed kernel
+    "apollo_schedule_budget_s": 60.0,  # feedback: a schedule taking longer splits its partition
+    "apollo_feedback_rounds": 4,  # feedback: at most this many plan/build rounds
+    "apollo_blocklist": "db",  # "db" (persisted with profile_db) | "memory"
+    "apollo_fail_hook": None,  # fail_hook(name, primfunc) -> bool: inject schedule failures
 }
 _CHOICES = {"strategy": STRATEGIES, "broadcast_policy": BROADCAST_POLICIES,
             "seed_policy": SEED_POLICIES, "layout_policy": LAYOUT_POLICIES,
-            "profile": PROFILE_MODES}
+            "profile": PROFILE_MODES, "conv_chains": ("cost_model", "paper_1.05", "off"),
+            "apollo_rules": ("practical", "paper"),
+            "apollo_blocklist": ("db", "memory")}
 
 
 def _check_options(options: dict) -> dict:
@@ -90,6 +103,8 @@ def make_plan_options(**options) -> PlanOptions:
                            strategy=schedule_id),
         max_ops_per_block=int(opts["max_ops_per_block"]),
         seed_policy=opts["seed_policy"],
+        prefer_epilogues=bool(opts["prefer_epilogues"]),
+        conv_chains=opts["conv_chains"],
     )
 
 
@@ -128,8 +143,14 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
         if ours and opts["layout"]:
             passes.append(EliminateLayoutTransforms(tgt, opts["layout_policy"],
                                                     int(opts["layout_copies"])))
+        passes.append(AnnotateMappingType(opts["broadcast_policy"]))
+        # ---- Apollo: plan → FuseTIR → schedule with feedback, in one pass (apollo_feedback.py)
+        if opts["strategy"] == "apollo":
+            passes.append(_apollo_pass(opts, tgt))
+            with tgt:
+                return tvm.transform.Sequential(passes)(mod)
+        # ---- end Apollo
         passes += [
-            AnnotateMappingType(opts["broadcast_policy"]),
             PlanFusion(opts["strategy"], plan_options, opts["broadcast_policy"], opts["record"]),
             relax.transform.FuseTIR(),
         ]
@@ -139,6 +160,24 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
             return tvm.transform.Sequential(passes)(mod)
 
     return _sequential
+
+
+def _apollo_pass(opts: dict, target: tvm.target.Target) -> tvm.transform.Pass:
+    """Apollo's PlanFusion + FuseTIR + ScheduleFusedBlocks with the feedback loop."""
+    from .relay_passes.apollo import ApolloOptions
+    from .relay_passes.apollo_feedback import ApolloFuse, Blocklist
+    from .tuning.database import default_path
+
+    blocklist = Blocklist(opts["profile_db"] or default_path(), str(target.kind.name),
+                          persist=opts["apollo_blocklist"] == "db")
+    options = ApolloOptions(rules=opts["apollo_rules"], layers=int(opts["apollo_layers"]),
+                            max_branches=int(opts["apollo_max_branches"]),
+                            stitch_bytes=int(opts["apollo_stitch_bytes"]))
+    return ApolloFuse(options, opts["broadcast_policy"], schedule=bool(opts["schedule"]),
+                      fast_math=bool(opts["fast_math"]),
+                      schedule_budget_s=float(opts["apollo_schedule_budget_s"]),
+                      rounds=int(opts["apollo_feedback_rounds"]), blocklist=blocklist,
+                      fail_hook=opts["apollo_fail_hook"], record=opts["record"])
 
 
 def legalize_passes(target: tvm.target.Target) -> list:

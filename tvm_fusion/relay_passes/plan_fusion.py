@@ -17,7 +17,7 @@ from .ecg import FuncCache, build_ecg
 from .fusion_plan import FusionPlan, PlanOptions, plan_dnnfusion
 from .grouping import group_bindings, is_primitive
 
-STRATEGIES = ("dnnfusion", "tvm")
+STRATEGIES = ("dnnfusion", "tvm", "apollo")
 
 
 @dataclass
@@ -64,7 +64,13 @@ def plan_module(
         weights = weight_param_names(func)
         for index, block in enumerate(_dataflow_blocks(func)):
             ecg = build_ecg(mod, block, weights, broadcast_policy, cache)
-            result.plans[(gvar.name_hint, index)] = plan_dnnfusion(ecg, options)
+            plan = plan_dnnfusion(ecg, options)
+            mode = getattr(options, "conv_chains", "off")
+            if mode != "off":  # OptiFX: profitable conv→conv chains become one block each
+                from .conv_chains import choose_chains, merge_chains_into_plan
+
+                plan = merge_chains_into_plan(plan, choose_chains(ecg, mode, mod=mod))
+            result.plans[(gvar.name_hint, index)] = plan
     result.seconds = time.perf_counter() - start
     return result
 
@@ -105,13 +111,16 @@ class PlanFusion:
     """
 
     def __init__(self, strategy: str = "dnnfusion", options: PlanOptions | None = None,
-                 broadcast_policy: str = "expanding_only", record: list | None = None):
+                 broadcast_policy: str = "expanding_only", record: list | None = None,
+                 apollo=None, blocklist=None):
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
         self.strategy = strategy
         self.options = options or PlanOptions()
         self.broadcast_policy = broadcast_policy
         self.record = record
+        self.apollo = apollo  # ApolloOptions for strategy="apollo" (None: defaults)
+        self.blocklist = blocklist  # apollo_feedback.Blocklist (None: none)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if self.strategy == "tvm":
@@ -119,7 +128,13 @@ class PlanFusion:
         bind = getattr(self.options.oracle, "bind", None)
         if bind is not None:  # a profiling oracle builds candidates from this module's PrimFuncs
             bind(mod)
-        module_plan = plan_module(mod, self.options, self.broadcast_policy)
+        if self.strategy == "apollo":  # Apollo's partitioner (relay_passes/apollo.py)
+            from .apollo_feedback import plan_module_apollo
+
+            module_plan = plan_module_apollo(mod, self.apollo, self.broadcast_policy,
+                                             self.blocklist)
+        else:
+            module_plan = plan_module(mod, self.options, self.broadcast_policy)
         if self.record is not None:
             self.record.append(module_plan)
         return apply_plan(mod, module_plan)

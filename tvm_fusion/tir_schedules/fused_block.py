@@ -90,6 +90,11 @@ def alloc_buffers_of(func: tirx.PrimFunc) -> dict:
 
 def _schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
                             fast: bool) -> tirx.PrimFunc:
+    from .conv_conv import try_schedule_conv_chain  # OptiFX overlapped tiles (conv→conv)
+
+    chained = try_schedule_conv_chain(gvar, func, params, fast)
+    if chained is not None:
+        return chained
     try:
         return schedule_primfunc(func, params, fast=fast)
     except Exception as err:  # noqa: BLE001 (TVM raises several types; all mean "not this")

@@ -391,6 +391,34 @@ class ProfilingDatabase:
                 conn.execute(f"DELETE FROM entries{where}", params)
         return count
 
+    # ------------------------------------------------------- Apollo feedback blocklist
+    # A sibling table created on demand (``CREATE TABLE IF NOT EXISTS``): files without it are
+    # still schema v1, older tvm_fusion versions ignore it, so no migration is needed.
+
+    def _blocklist_table(self, conn) -> None:
+        conn.execute("CREATE TABLE IF NOT EXISTS apollo_blocklist (target TEXT NOT NULL, "
+                     "signature TEXT NOT NULL, reason TEXT NOT NULL, created_at REAL NOT NULL, "
+                     "PRIMARY KEY (target, signature))")
+
+    def blocklist_add(self, target: str, signature: str, reason: str) -> None:
+        """Remember a merge Apollo's fusion phase rejected (relax/apollo_feedback.py)."""
+        with self._write() as conn:
+            self._blocklist_table(conn)
+            conn.execute("INSERT OR REPLACE INTO apollo_blocklist VALUES (?, ?, ?, ?)",
+                         (target, signature, reason, time.time()))
+
+    def blocklist(self, target: str | None = None) -> list[dict]:
+        """Blocklisted merges (all targets when ``target`` is ``None``), oldest first."""
+        with self._errors("read"):
+            exists = self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' "
+                                       "AND name = 'apollo_blocklist'").fetchone()
+            if not exists:
+                return []
+            sql = "SELECT * FROM apollo_blocklist"
+            rows = (self.conn.execute(sql + " WHERE target = ? ORDER BY created_at", (target,))
+                    if target is not None else self.conn.execute(sql + " ORDER BY created_at"))
+            return [dict(r) for r in rows.fetchall()]
+
     def vacuum(self) -> None:
         """Give freed pages back to the file system (after a large prune)."""
         with self._errors("vacuum"):

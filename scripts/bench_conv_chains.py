@@ -1,0 +1,78 @@
+"""OptiFX conv→conv microbenchmarks (one run): each fused chain vs the same convs scheduled
+separately by tvm_fusion; then end-to-end latency with conv_chains on/off. Prints Markdown.
+
+    python scripts/bench_conv_chains.py [--e2e mobilenet_v2,efficientnet_b0,unet] [--repeat 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import tvm
+from tvm import relax
+
+from tvm_fusion.bench import _median_ms
+from tvm_fusion.compile import (
+    compile_model,
+    count_kernels,
+    fuse,
+    graph_input_names,
+    import_onnx,
+    load_onnx,
+)
+from tvm_fusion.relay_passes.conv_chains_testing import chain_model
+from tvm_fusion.testing import random_inputs
+
+TARGET = {"kind": "llvm", "mcpu": "znver5", "num-cores": 2}
+CHAINS = {  # MobileNetV2 dw→pw shapes and 3×3→1×1 as in the zoo's ResNet/U-Net
+    "dw3x3→pw 96@56 (MobileNetV2)": (96, 56, [("conv", -1, 3, 1, 1, -1, "relu6"),
+                                            ("conv", 24, 1, 1, 0, 1, None)]),
+    "dw3x3→pw 144@28 (MobileNetV2)": (144, 28, [("conv", -1, 3, 1, 1, -1, "relu6"),
+                                              ("conv", 32, 1, 1, 0, 1, None)]),
+    "dw3x3→pw 384@14 (MobileNetV2)": (384, 14, [("conv", -1, 3, 1, 1, -1, "relu6"),
+                                              ("conv", 64, 1, 1, 0, 1, None)]),
+    "3x3→1x1 64@56": (64, 56, [("conv", 64, 3, 1, 1, 1, "relu"),
+                                ("conv", 64, 1, 1, 0, 1, None)]),
+}
+
+
+def _time(model, repeat, **options):
+    tgt = tvm.target.Target(TARGET)
+    mod = import_onnx(model)
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(compile_model(mod, tgt, **options), dev)
+    feeds = random_inputs(model)
+    args = [tvm.runtime.tensor(feeds[n], dev) for n in graph_input_names(model)]
+    inner = 10
+    ms = _median_ms(lambda: [vm["main"](*args) for _ in range(inner)], 2, repeat) / inner
+    return ms, count_kernels(fuse(mod, tgt, **options))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--e2e", default="mobilenet_v2,efficientnet_b0,unet")
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    print("| chain | separate (ms) | fused (ms) | speedup |\n|---|---|---|---|")
+    for name, (c, s, ops) in CHAINS.items():
+        model = chain_model(c, s, ops)
+        sep, _ = _time(model, args.repeat, conv_chains="off")
+        fus, k = _time(model, args.repeat, table3={("M2M", "M2M"): "green"},
+                       conv_chains="off")
+        print(f"| {name} | {sep:.3f} | {fus:.3f} | {sep / fus:.2f}x |", flush=True)
+    if not args.e2e:
+        return
+    print("\n| model | kernels off | kernels on | off (ms) | on (ms) | speedup |")
+    print("|---|---|---|---|---|---|")
+    for name in args.e2e.split(","):
+        path = os.path.join("models", f"{name}.onnx")
+        model = load_onnx(path)
+        off, koff = _time(model, 3, conv_chains="off")
+        on, kon = _time(model, 3, conv_chains="cost_model")
+        print(f"| {name} | {koff} | {kon} | {off:.2f} | {on:.2f} | {off / on:.2f}x |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

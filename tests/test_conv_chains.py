@@ -1,0 +1,210 @@
+"""OptiFX conv→conv fusion: candidates, cost model, search, the overlapped-tile template."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from conftest import TARGET
+from tvm import s_tir
+
+from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_onnx, run
+from tvm_fusion.relay_passes import conv_chains as cc
+from tvm_fusion.relay_passes.conv_chains_testing import chain_model, miso_model, simo_model
+from tvm_fusion.testing import compare, random_inputs
+from tvm_fusion.tir_schedules.conv_conv import CHAIN_ATTR, choose_tile, halo_extent
+from tvm_fusion.tir_utils import find_all
+
+FORCE = {"table3": {("M2M", "M2M"): "green"}, "conv_chains": "off"}
+
+DW_PW = [("conv", -1, 3, 1, 1, -1, "relu6"), ("conv", 24, 1, 1, 0, 1, None)]
+CASES = {
+    "3x3-3x3": (8, 12, [("conv", 8, 3, 1, 1, 1, "relu"), ("conv", 8, 3, 1, 1, 1, "relu")]),
+    "3x3-1x1": (8, 12, [("conv", 16, 3, 1, 1, 1, "relu"), ("conv", 8, 1, 1, 0, 1, None)]),
+    "dw-pw": (16, 14, DW_PW),
+    "conv-maxpool": (8, 12, [("conv", 8, 3, 1, 1, 1, None), ("maxpool", 3, 2, 1)]),
+    "strided-second": (8, 12, [("conv", 8, 1, 1, 0, 1, "relu"), ("conv", 8, 3, 2, 1, 1, None)]),
+    "tile-not-dividing": (8, 13, [("conv", 8, 3, 1, 1, 1, "relu"), ("conv", 8, 1, 1, 0, 1, None)]),
+}
+
+
+def _numerics(model, **options):
+    """The chain fused into one kernel vs the unfused build (two kernels), exact to 1e-5."""
+    mod = import_onnx(model)
+    feeds = random_inputs(model, seed=1)
+    inputs = [feeds[n] for n in graph_input_names(model)]
+    fused = run(compile_model(mod, TARGET, **options), inputs)
+    plain = run(compile_model(mod, TARGET, conv_chains="off"), inputs)
+    compare(fused, plain, rtol=1e-5, atol=1e-5)
+    return fuse(mod, TARGET, **options)
+
+
+def _chain_funcs(mod):
+    return [(g.name_hint, f) for g, f in mod.functions.items()
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and CHAIN_ATTR in f.attrs]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_chain_numerics_and_template(case):
+    channels, size, ops = CASES[case]
+    mod = _numerics(chain_model(channels, size, ops), **FORCE)
+    funcs = _chain_funcs(mod)
+    assert len(funcs) == 1, f"{case}: the conv-chain template did not schedule the chain"
+
+
+def test_simo_numerics():
+    model = simo_model(8, 12, ("conv", 8, 1, 1, 0, 1, "relu"),
+                       [("conv", 8, 1, 1, 0, 1, "relu"), ("conv", 8, 3, 1, 1, 1, "relu")])
+    _numerics(model, **FORCE)
+
+
+def test_miso_numerics():
+    model = miso_model(8, 12, ("conv", 8, 3, 1, 1, 1, None), ("conv", 8, 1, 1, 0, 1, None))
+    _numerics(model, **FORCE)
+
+
+def _lowered_sizes(func) -> dict[str, int]:
+    passes = [s_tir.transform.LowerInitBlock(),
+              s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+              s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation()]
+    low = tvm.transform.Sequential(passes)(
+        tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))["main"]
+    return {b.name: int(np.prod([int(d) for d in b.shape]))
+            for blk in find_all(low.body, tvm.s_tir.SBlock) for b in blk.alloc_buffers}
+
+
+def test_buffers_are_tile_sized():
+    """dw 3×3 → pw on 16×56×56: every intermediate is tile (+ halo) sized, not 16·56·56."""
+    mod = fuse(import_onnx(chain_model(16, 56, DW_PW)), TARGET, **FORCE)
+    (_, func), = _chain_funcs(mod)
+    full = 16 * 56 * 56
+    sizes = _lowered_sizes(func)
+    assert sizes, "no intermediate at all?"
+    for name, size in sizes.items():
+        assert size * 4 <= full, f"{name} has {size} elements: tensor-sized, not a tile"
+
+
+# --------------------------------------------------------------------------- analytics
+
+
+def test_t_red_paper_example():
+    assert cc.t_red(8, 8, 4, 4, 2, 2) == 132  # Fig. 8
+
+
+def test_halo_eq4():
+    assert halo_extent(2, [(3, 1), (3, 1)]) == [6, 4, 2]  # Fig. 5d
+    assert halo_extent(2, [(3, 1), (1, 1)]) == [4, 2, 2]  # Fig. 5b
+
+
+def test_g4_intensity_uses_per_group_weights():
+    """Table 4's G4 (MobileNet dw 3×3 s2 → 1×1): I = 3.27 only with weights / G."""
+    dw = cc.RegionOp(0, "depthwise", 1, 144, 113, 113, 144, 56, 56, 3, 3, 2, 144)
+    pw = cc.RegionOp(1, "conv", 1, 144, 56, 56, 32, 56, 56, 1, 1, 1, 1)
+    flops = dw.flops + pw.flops
+    nbytes = sum(o.in_bytes + o.weight_bytes + o.out_bytes for o in (dw, pw))
+    assert abs(flops / nbytes - 3.27) < 0.05
+
+
+def test_tile_choice_within_hardware_and_space():
+    th, tw = choose_tile(56, 56, [96, 96, 24], [(3, 1), (1, 1)], cores=2, lanes=16)
+    assert 56 % tw == 0 and tw <= 16 and th in (2, 4, 8, 16, 56)
+
+
+# ---------------------------------------------------------------------- candidates, search
+
+
+def _ecg_of(model):
+    from tvm_fusion.relay_passes.ecg import build_ecg
+    from tvm_fusion.relay_passes.plan_fusion import _dataflow_blocks
+    from tvm_fusion.transform import legalize_passes
+
+    mod = import_onnx(model)
+    with TARGET:
+        mod = tvm.transform.Sequential(legalize_passes(TARGET))(mod)
+    from tvm_fusion.relay_passes.mapping_type import AnnotateMappingType
+
+    mod = AnnotateMappingType("expanding_only")(mod)
+    block = _dataflow_blocks(mod["main"])[0]
+    return build_ecg(mod, block), mod
+
+
+def _candidates(model):
+    ecg, mod = _ecg_of(model)
+    rops = {n.index: op for n in ecg.nodes if (op := cc.region_op(ecg, n.index, mod))}
+    return cc.find_candidates(ecg, rops), rops
+
+
+def test_candidate_shapes():
+    siso, _ = _candidates(chain_model(8, 12, [("conv", 8, 1, 1, 0, 1, "relu")] * 3))
+    assert sorted(len(c.rops) for c in siso if c.shape == "SISO") == [2, 2, 3]
+    simo, _ = _candidates(simo_model(8, 12, ("conv", 8, 1, 1, 0, 1, "relu"),
+                                     [("conv", 8, 1, 1, 0, 1, "relu"),
+                                      ("conv", 8, 3, 1, 1, 1, "relu")]))
+    assert any(c.shape == "SIMO" and len(c.rops) == 3 for c in simo)
+    miso, _ = _candidates(miso_model(8, 12, ("conv", 8, 3, 1, 1, 1, None),
+                                     ("conv", 8, 1, 1, 0, 1, None)))
+    assert [c.shape for c in miso] == ["MISO"]
+
+
+def test_pruning_modes():
+    """dw→pw (memory-bound) passes both rules on the paper's GPU; a compute-bound 3×3→3×3
+    with 256 channels is pruned by the literal aggregate rule (I above the ridge)."""
+    big = cc.RegionOp(0, "conv", 1, 256, 56, 56, 256, 56, 56, 3, 3, 1, 1)
+    big2 = cc.RegionOp(1, "conv", 1, 256, 56, 56, 256, 56, 56, 3, 3, 1, 1)
+    cand = cc.Candidate("SISO", (0, 1), frozenset({0, 1}), (0,))
+    rops = {0: big, 1: big2}
+    gpu = cc.PLATFORMS["a6000_ada"]
+    assert not cc.score(cand, rops, gpu, "paper_1.05").keep
+    dw = cc.RegionOp(0, "depthwise", 1, 144, 56, 56, 144, 56, 56, 3, 3, 1, 144)
+    pw = cc.RegionOp(1, "conv", 1, 144, 56, 56, 32, 56, 56, 1, 1, 1, 1)
+    rops = {0: dw, 1: pw}
+    for mode in ("paper_1.05", "cost_model"):
+        assert cc.score(cand, rops, gpu, mode).keep, mode
+
+
+def test_backtracking_search_picks_best_non_overlapping():
+    a = cc.Candidate("SISO", (0, 1), frozenset({0, 1}), (0,))
+    b = cc.Candidate("SISO", (1, 2), frozenset({1, 2}), (1,))
+    c = cc.Candidate("SISO", (2, 3), frozenset({2, 3}), (2,))
+    gains = [-1.0, -1.5, -1.0]
+    best = cc.backtracking_search([a, b, c], lambda st: 10 + sum(gains[i] for i in st))
+    assert best == frozenset({0, 2})  # 2.0 saved beats b alone (1.5)
+
+
+def test_off_mode_and_option_validation():
+    assert cc.choose_chains(_ecg_of(chain_model(8, 12, DW_PW))[0], "off") == []
+    with pytest.raises(ValueError, match="conv_chains"):
+        fuse(import_onnx(chain_model(8, 12, DW_PW)), TARGET, conv_chains="bogus")
+
+
+def test_default_fuses_profitable_chain_into_one_kernel():
+    from tvm_fusion.compile import count_kernels
+
+    model = chain_model(32, 56, [("conv", -1, 3, 1, 1, -1, "relu6"),
+                                 ("conv", 16, 1, 1, 0, 1, None)])
+    mod = _numerics(model, conv_chains="cost_model")
+    assert count_kernels(mod) == 1
+
+
+# ------------------------------------------------------------------------------ models
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,m2m", [("mobilenet_v2", 54), ("efficientnet_b0", 99)])
+def test_real_models_below_anchor_bound(name, m2m):
+    import os
+
+    from tvm_fusion.compile import count_kernels, load_onnx
+    from tvm_fusion.testing import onnx_reference
+
+    path = os.path.join(os.path.dirname(__file__), "..", "models", f"{name}.onnx")
+    if not os.path.exists(path):
+        pytest.skip(f"{path} not exported")
+    model = load_onnx(path)
+    mod = import_onnx(model)
+    fused = fuse(mod, TARGET, conv_chains="cost_model")
+    assert count_kernels(fused) < m2m
+    feeds = random_inputs(model)
+    inputs = [feeds[n] for n in graph_input_names(model)]
+    ours = run(compile_model(mod, TARGET, conv_chains="cost_model"), inputs)
+    compare(ours, onnx_reference(model, feeds), rtol=1e-3, atol=1e-4)

@@ -1,0 +1,463 @@
+"""Overlapped-tile (halo) templates for fused chains of region-based operators (OptiFX AFUSION).
+
+A fused PrimFunc holding two or three region-based reductions (conv, depthwise conv, pooling)
+chained through element-wise epilogues — SISO ``pad1→C1→epi→pad2→C2→epi``, MISO
+``C1, C2 → add`` and SIMO ``C1 → {C2a, C2b} → concat`` — is scheduled as one loop nest over
+tiles of the *last* stage's output:
+
+* every element-wise stage between the reductions is inlined into the staged (padded) input of
+  the next reduction, so an epilogue is applied before padding (border zeros stay zeros; a
+  max-pool's ``-inf`` padding is TOPI's own value);
+* the output is split into spatial tiles ``(th, tw)`` (all output channels per tile: splitting
+  the channels would recompute the whole intermediate per slice, pitfall 10 of the notes);
+* every earlier stage is ``compute_at`` the tile loop, last first: TVM derives each stage's
+  region backwards from the tile (Eq. 4 of the paper, padding included: the staged intermediate
+  is the *padded* one, so its region never clips and its buffer compacts to the tile + halo);
+  the halo rows/columns are recomputed by neighbouring tiles (the paper's ``T_red``);
+* CPU: tiles run in parallel, the innermost spatial axis is vectorised, a reduction with an
+  output-channel reuse axis accumulates a register tile.
+
+GPU (CUDA/OpenCL) variant: the tile loop is bound to ``blockIdx.x``, the intermediate goes to
+``shared`` (``shared.dyn`` above 48 KB), and each stage's spatial loops are spread over the same
+``threadIdx.x`` extent; ``verify_gpu_code`` filters the tile sizes.
+
+The tile space is the paper's ``{2,4,8,16}`` per spatial axis plus whole rows, filtered by the
+hardware (cache or shared memory, threads) and ranked by redundancy and parallelism; a tile can
+be forced with ``tile=(th, tw)`` (tunable).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir, tirx
+
+from ..tir_utils import find_all, iter_sblocks
+from .analysis import BlockFacts, block_facts, root_block
+from .cpu_target import CpuParams
+from .loops import largest_divisor, loop_extent
+
+TILE_SPACE = (2, 4, 8, 16)
+CACHE_BYTES = 512 << 10  # working set of one tile: about a quarter of a 2 MiB L2
+SHARED_STATIC = 48 << 10
+CHAIN_ATTR = "tvm_fusion.conv_chain"
+
+
+@dataclass
+class ChainStages:
+    """The stages of a fused chain, in program order."""
+
+    blocks: list  # every block name, program order
+    reductions: list[str]  # region-based reductions, program order
+    output: str  # the block that writes the (last) function output
+    facts: dict
+
+
+def chain_stages(sch: s_tir.Schedule) -> ChainStages | None:
+    """The chain's stages, or None when the function is not a chain of 2–3 region reductions."""
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(root_block(sch))]
+    facts = {n: block_facts(sch, sch.get_sblock(n)) for n in names}
+    if any(f is None for f in facts.values()):
+        return None
+    reductions = [n for n in names if facts[n].is_reduction and _is_region(facts[n])]
+    if not 2 <= len(reductions) <= 3 or sum(f.is_reduction for f in facts.values()) != len(
+            reductions):
+        return None
+    return ChainStages(names, reductions, names[-1], facts)
+
+
+def _is_region(f: BlockFacts) -> bool:
+    """A 4-D NCHW window reduction (conv, depthwise conv, pool)."""
+    return len(f.spatial) == 4 and len(f.write_indices) == 4 and len(f.reduce) in (2, 3)
+
+
+def is_conv_chain(func: tirx.PrimFunc) -> bool:
+    try:
+        return chain_stages(s_tir.Schedule(func.with_attr("global_symbol", "main"))) is not None
+    except Exception:  # noqa: BLE001
+        return False
+
+
+# ----------------------------------------------------------------------------- tile choice
+
+
+def halo_extent(tile: int, chain: list[tuple[int, int]]) -> list[int]:
+    """Eq. 4 applied backwards: the extent of each stage's input for an output ``tile``;
+    ``chain`` is ``[(kernel, stride), ...]`` first op first. Returns extents first op first
+    (index 0 is the first op's input window)."""
+    out = [tile]
+    for k, s in reversed(chain):
+        out.append((out[-1] - 1) * s + k)
+    return list(reversed(out))
+
+
+def choose_tile(out_h: int, out_w: int, channels: list[int], chain: list[tuple[int, int]],
+                cores: int, lanes: int = 16, budget: int = CACHE_BYTES,
+                space=TILE_SPACE) -> tuple[int, int]:
+    """Tile ``(th, tw)`` of the last output. ``tw`` divides the row and fits one SIMD register
+    (measured: a 28- or 56-lane row tile spills and runs 10x slower than a 14-lane one);
+    ``th`` from the paper's space ``{2,4,8,16}`` (or the whole height). The working set (every
+    stage's tile + halo, all channels) must fit ``budget``; then fewest redundant (halo)
+    elements per useful one, enough tiles for every core, larger tiles."""
+    widths = [d for d in range(min(out_w, lanes), 0, -1) if out_w % d == 0]
+    heights = sorted({t for t in space if t <= out_h} | {out_h}, reverse=True)
+    best, best_key = (1, widths[-1]), None
+    for tw in widths:
+        for th in heights:
+            hs, ws = halo_extent(th, chain), halo_extent(tw, chain)
+            ws_bytes = 4 * sum(c * h * w for c, h, w in zip(channels, hs, ws))
+            if ws_bytes > budget:
+                continue
+            tiles = -(-out_h // th) * -(-out_w // tw)
+            computed = sum(c * h * w for c, h, w in zip(channels[1:-1], hs[1:-1], ws[1:-1]))
+            useful = sum(c * th * tw for c in channels[1:-1]) or 1
+            waste = (-(-out_h // th) * th) / out_h
+            key = (tiles < 2 * cores, round(computed / useful * waste, 1), -tw, -th)
+            if best_key is None or key < best_key:
+                best, best_key = (th, tw), key
+    return best
+
+
+# --------------------------------------------------------------------------------- CPU
+
+
+def schedule_conv_chain_cpu(sch: s_tir.Schedule, params: CpuParams,
+                            tile: tuple[int, int] | None = None) -> list[str]:
+    """Schedule a fused chain in place; returns one note per step. Raises when the function
+    is not a chain this template handles (the caller falls back)."""
+    stages = chain_stages(sch)
+    if stages is None:
+        raise ValueError("not a chain of 2-3 region-based operators")
+    staged = _inline_elementwise(sch, stages)
+    out_name = stages.output
+    out = sch.get_sblock(out_name)
+    of = block_facts(sch, out)
+    n, c, h, w = (of.extents[v.name] for v in of.spatial)
+    chain, chans = _chain_geometry(sch, stages)
+    th, tw = tile or choose_tile(h, w, chans, chain, params.cores, params.lanes)
+    notes = [f"conv chain ({len(stages.reductions)} region ops: {', '.join(stages.reductions)}); "
+             f"tile {th}x{tw} of {h}x{w}, all {c} channels per tile"]
+    anchor = stages.reductions[-1]
+    producers = [sch.get(b).name_hint for b in sch.get_producers(out)]
+    direct = out_name == anchor or (_feeds_only(sch, anchor, out_name)
+                                    and producers == [anchor])
+    if direct and out_name != anchor:
+        tile_loop, wi_anchor = _tile_anchor(sch, anchor, out_name, th, tw, params, notes)
+    else:
+        tile_loop = _tile_output(sch, out_name, th, tw, params)
+        wi_anchor = None
+    done = {anchor, out_name}
+    for name in reversed(stages.blocks):
+        if name in done or name not in _live(sch):
+            continue
+        sch.compute_at(sch.get_sblock(name), tile_loop, preserve_unit_loops=True)
+    sch.parallel(tile_loop)  # before decompose_reduction: it needs reduction blocks
+    decompose = []
+    for name in stages.blocks:
+        if name in done or name not in _live(sch):
+            continue
+        f = block_facts(sch, sch.get_sblock(name))
+        if f.is_reduction:
+            note, red_loop = _schedule_inner_reduction(sch, name, params)
+            notes.append(note)
+            decompose.append((name, red_loop))
+        else:
+            _vectorize_spatial(sch, name, params)
+    if wi_anchor is not None:
+        note, red_loop = wi_anchor
+        notes.append(note)
+        decompose.append((anchor, red_loop))
+    for name, red_loop in decompose:
+        init = sch.decompose_reduction(sch.get_sblock(name), red_loop)
+        sch.vectorize(sch.get_loops(init)[-1])
+    notes.append(f"staged per tile: {', '.join(n for n in staged)}")
+    return notes
+
+
+def _live(sch) -> set[str]:
+    return {b.name_hint for b in iter_sblocks(sch.mod["main"])}
+
+
+def _inline_elementwise(sch: s_tir.Schedule, stages: ChainStages) -> list[str]:
+    """Inline every element-wise stage except the direct inputs of reductions (the staged,
+    padded intermediates) and the output writer. Returns the kept stages."""
+    reductions = set(stages.reductions)
+    kept = []
+    for name in stages.blocks:
+        if name in reductions or name == stages.output:
+            continue
+        block = sch.get_sblock(name)
+        consumers = [sch.get(b).name_hint for b in sch.get_consumers(block)]
+        if any(cn in reductions for cn in consumers):
+            kept.append(name)
+            continue
+        sch.compute_inline(block)
+    return kept
+
+
+def _feeds_only(sch, anchor: str, out_name: str) -> bool:
+    """The anchor's sole consumer chain ends in the output writer (a SISO/MISO epilogue)."""
+    consumers = [sch.get(b).name_hint for b in sch.get_consumers(sch.get_sblock(anchor))]
+    return consumers == [out_name]
+
+
+def _chain_geometry(sch, stages: ChainStages):
+    """``[(kernel, stride)]`` along the main path and channels of each stage's input+output."""
+    chain, chans = [], []
+    for name in stages.reductions:
+        f = stages.facts[name]
+        red = [f.extents[v.name] for v in f.reduce]
+        k = red[-1]
+        read = max(f.reads, key=lambda r: len(r.indices))
+        stride = _coefficient(read.indices[2], f.spatial[2])
+        chain.append((k, max(stride, 1)))
+        in_c = _buffer_channels(sch, read.buffer)
+        if not chans:
+            chans.append(in_c)
+        chans.append(f.extents[f.spatial[1].name])
+    return chain, chans
+
+
+def _buffer_channels(sch, name: str) -> int:
+    from .cpu_tile import tile_shapes
+
+    shape = tile_shapes(sch).get(name)
+    return int(shape[1]) if shape is not None and len(shape) == 4 else 1
+
+
+def _coefficient(expr, var) -> int:
+    """d expr / d var for an affine index expression (1 when it cannot tell)."""
+    try:
+        return _eval(expr, {var.name: 1}) - _eval(expr, {})
+    except (TypeError, ValueError):
+        return 1
+
+
+def _eval(expr, env: dict) -> int:
+    if isinstance(expr, tirx.IntImm):
+        return int(expr.value)
+    if isinstance(expr, tirx.Var):
+        return env.get(expr.name, 0)
+    if isinstance(expr, tirx.Cast):
+        return _eval(expr.value, env)
+    ops = {tirx.Add: lambda a, b: a + b, tirx.Sub: lambda a, b: a - b,
+           tirx.Mul: lambda a, b: a * b, tirx.FloorDiv: lambda a, b: a // b}
+    for cls, fn in ops.items():
+        if isinstance(expr, cls):
+            return fn(_eval(expr.a, env), _eval(expr.b, env))
+    raise ValueError(f"not affine: {expr}")
+
+
+def _tile_anchor(sch, anchor: str, out_name: str, th: int, tw: int, params: CpuParams,
+                 notes: list[str]):
+    """The last reduction accumulates a register tile (RT output channels × the tile row) and
+    its epilogue (the output writer) is stored from the accumulator."""
+    out = sch.get_sblock(out_name)
+    block = sch.get_sblock(anchor)
+    wb = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_inline(out)
+    f = block_facts(sch, block)
+    loops = sch.get_loops(block)
+    n, k, h, w = loops[:4]
+    reds = loops[4:]
+    kext = f.extents[f.spatial[1].name]
+    vectors = -(-tw // params.lanes)
+    rt = largest_divisor(kext, max(1, min(8, params.registers // vectors)))
+    ho, hi = sch.split(h, [None, th])
+    wo, wi = sch.split(w, [None, tw])
+    ko, ki = sch.split(k, [None, rt])
+    sch.reorder(n, ho, wo, ko, hi, *reds, ki, wi)
+    tile_loop = sch.fuse(n, ho, wo)
+    sch.reverse_compute_at(wb, hi, preserve_unit_loops=True)
+    sch.vectorize(wi)
+    sch.unroll(ki)
+    wl = sch.get_loops(wb)
+    sch.vectorize(wl[-1])
+    return tile_loop, (f"{anchor}: {rt} output channels x {tw} lanes in registers, epilogue "
+                       f"stored from the accumulator", reds[0])
+
+
+def _tile_output(sch, out_name: str, th: int, tw: int, params: CpuParams):
+    """Tile the output writer (SIMO's concat, or a pool/conv without epilogue)."""
+    block = sch.get_sblock(out_name)
+    loops = sch.get_loops(block)
+    n, c, h, w = loops[:4]
+    reds = loops[4:]
+    ho, hi = sch.split(h, [None, th])
+    wo, wi = sch.split(w, [None, tw])
+    sch.reorder(n, ho, wo, c, hi, *reds, wi)
+    tile_loop = sch.fuse(n, ho, wo)
+    if not reds and tw % params.lanes == 0:
+        sch.vectorize(wi)
+    return tile_loop
+
+
+def _schedule_inner_reduction(sch, name: str, params: CpuParams):
+    """A reduction computed at the tile: its spatial region loops are (n, c, h, w). The row
+    (w) is the vector axis, accumulated in a ``local`` tile with the window loops outside it;
+    a conv with an input-channel reduction keeps RT output channels per pass over the inputs
+    (each loaded input row feeds RT FMAs)."""
+    block = sch.get_sblock(name)
+    loops = sch.get_loops(block)
+    f = block_facts(sch, block)
+    nred = len(f.reduce)
+    inner = loops[-(4 + nred):]
+    n, c, h, w = inner[:4]
+    reds = inner[4:]
+    wext = loop_extent(sch, w) or 1
+    cext = loop_extent(sch, c) or 1
+    rc_ext = loop_extent(sch, reds[0]) if nred == 3 else 1
+    wb = sch.cache_write(block, 0, "local")
+    if rc_ext and rc_ext > 1:  # a full conv: register tile over output channels
+        vectors = -(-wext // params.lanes)
+        rt = largest_divisor(cext, max(1, min(8, params.registers // vectors)))
+        co, ci = sch.split(c, [None, rt])
+        sch.reorder(n, co, h, *reds, ci, w)
+        sch.reverse_compute_at(wb, h, preserve_unit_loops=True)
+        sch.unroll(ci)
+        note = f"{name}: per tile, {rt} channels x {wext} lanes in registers"
+    else:
+        sch.reorder(n, c, h, *reds, w)
+        sch.reverse_compute_at(wb, h, preserve_unit_loops=True)
+        note = f"{name}: per tile, a {wext}-lane row in registers, windows outside the row"
+    sch.vectorize(w)
+    sch.vectorize(sch.get_loops(wb)[-1])
+    return note, reds[0]
+
+
+def _vectorize_spatial(sch, name: str, params: CpuParams) -> None:
+    """Vectorise a staged stage's row (the pad's bounds check becomes a select)."""
+    loops = sch.get_loops(sch.get_sblock(name))
+    ext = loop_extent(sch, loops[-1]) or 1
+    if ext <= 2 * params.lanes:
+        sch.vectorize(loops[-1])
+    else:
+        vt = largest_divisor(ext, params.lanes)
+        if vt >= 4:
+            _, wi = sch.split(loops[-1], [None, vt])
+            sch.vectorize(wi)
+
+
+# --------------------------------------------------------------------------------- GPU
+
+
+def schedule_conv_chain_gpu(sch: s_tir.Schedule, tile: tuple[int, int] = (8, 8),
+                            threads: int = 64, scope: str | None = None) -> list[str]:
+    """CUDA/OpenCL: one thread block per output tile (all channels), every stage computed at
+    the tile with its spatial loops spread over the same ``threads`` (``threadIdx.x``), the
+    staged intermediates in shared memory (``shared.dyn`` when they exceed 48 KB)."""
+    stages = chain_stages(sch)
+    if stages is None:
+        raise ValueError("not a chain of 2-3 region-based operators")
+    staged = _inline_elementwise(sch, stages)
+    th, tw = tile
+    out_name = stages.output
+    out = sch.get_sblock(out_name)
+    loops = sch.get_loops(out)
+    n, c, h, w = loops[:4]
+    reds = loops[4:]
+    ho, hi = sch.split(h, [None, th])
+    wo, wi = sch.split(w, [None, tw])
+    sch.reorder(n, ho, wo, c, hi, wi, *reds)
+    bx = sch.fuse(n, ho, wo)
+    sch.bind(bx, "blockIdx.x")
+    _bind_threads(sch, [c, hi, wi], threads)
+    for name in reversed(stages.blocks):
+        if name == out_name or name not in _live(sch):
+            continue
+        sch.compute_at(sch.get_sblock(name), bx, preserve_unit_loops=True)
+    total = 0
+    for name in stages.blocks:
+        if name == out_name or name not in _live(sch):
+            continue
+        block = sch.get_sblock(name)
+        f = block_facts(sch, block)
+        bl = sch.get_loops(block)
+        spatial = bl[1:1 + 4] if f is not None else bl[1:]
+        _bind_threads(sch, spatial, threads)
+        if f is not None and not f.is_reduction or name in staged:
+            pass
+        buf_scope = "shared"
+        sch.set_scope(block, 0, buf_scope)
+        total += 1
+    chosen = scope or "shared"
+    notes = [f"gpu conv chain: tile {th}x{tw}, {threads} threads, intermediates in {chosen}"]
+    if chosen != "shared":
+        for name in stages.blocks:
+            if name != out_name and name in _live(sch):
+                sch.set_scope(sch.get_sblock(name), 0, chosen)
+    return notes
+
+
+def _bind_threads(sch, loops, threads: int) -> None:
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    _, tx = sch.split(fused, [None, threads])
+    sch.bind(tx, "threadIdx.x")
+
+
+def shared_bytes(func: tirx.PrimFunc) -> int:
+    """Bytes of shared memory a lowered GPU function allocates (all shared scopes)."""
+    total = 0
+    for stmt in find_all(func.body, tirx.Allocate):
+        if "shared" in str(stmt.buffer_var.type_annotation):
+            size = 1
+            for e in stmt.extents:
+                size *= int(e)
+            total += size * stmt.dtype.bits // 8
+    return total
+
+
+__all__ = ["chain_stages", "is_conv_chain", "choose_tile", "halo_extent",
+           "schedule_conv_chain_cpu", "schedule_conv_chain_gpu", "shared_bytes", "CHAIN_ATTR"]
+
+
+def try_schedule_conv_chain(gvar, func: tirx.PrimFunc, params: CpuParams, fast: bool = True):
+    """The dispatch hook of ``ScheduleFusedBlocks``: a fused chain of 2–3 region-based
+    operators gets the overlapped-tile template; anything else returns None (the usual rules).
+    A chain the template fails on returns None too, with a warning, and the usual rules (and
+    their fallback) take it."""
+    import warnings
+
+    from .fast_math import fast_math
+    from .fused_block import (
+        _DONE_ATTR,
+        FALLBACK_ATTR,
+        KEPT_ATTR,
+        SCHEDULE_ATTR,
+        ScheduleFailedWarning,
+        _kept_reasons,
+        _restore_symbol,
+    )
+
+    base = func.with_attr("global_symbol", "main")
+    try:
+        sch = s_tir.Schedule(base)
+        if chain_stages(sch) is None:
+            return None
+    except Exception:  # noqa: BLE001
+        return None
+    tile = None
+    if func.attrs is not None and "tvm_fusion.conv_chain_tile" in func.attrs:
+        tile = tuple(int(t) for t in func.attrs["tvm_fusion.conv_chain_tile"])
+    try:
+        notes = schedule_conv_chain_cpu(sch, params, tile)
+    except Exception as err:  # noqa: BLE001
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        warnings.warn(f"tvm_fusion: conv-chain template failed on {gvar.name_hint} "
+                      f"({type(err).__name__}: {first}); using the per-operator rules",
+                      ScheduleFailedWarning, stacklevel=2)
+        return None
+    result = sch.mod["main"]
+    if fast:
+        result = fast_math(result)
+    kept = {}
+    for name in alloc_names(result):
+        kept[name] = "conv chain: tile (+ halo) of an intermediate, computed per tile"
+    reasons = _kept_reasons(result, kept, notes)
+    del FALLBACK_ATTR
+    attrs = {KEPT_ATTR: reasons, SCHEDULE_ATTR: notes, _DONE_ATTR: True, CHAIN_ATTR: True}
+    return _restore_symbol(result, func).with_attrs(attrs)
+
+
+def alloc_names(func: tirx.PrimFunc) -> list[str]:
+    return [b.name for b in func.body.block.alloc_buffers]

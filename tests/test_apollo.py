@@ -279,3 +279,16 @@ def test_zoo_apollo_numerics(name):
         bound = plan_module(legal).anchor_bound
         kernels = count_kernels(fuse(mod, TARGET, strategy="apollo", apollo_blocklist="memory"))
         assert kernels < bound, (kernels, bound)
+
+
+def test_report_lists_every_feedback_event(tmp_path: Path):
+    from tvm_fusion.report import format_report, make_report
+
+    def hook(name, func):
+        return "matmul" in name and "erf" in name
+
+    report = make_report(transformer_encoder_layer(), "encoder", check=False,
+                         strategy="apollo", apollo_fail_hook=hook,
+                         profile_db=str(tmp_path / "p.db"), **RAW)
+    assert report.feedback and "split" in report.feedback[0]
+    assert "scheduler feedback (Apollo):" in format_report(report)

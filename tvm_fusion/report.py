@@ -45,6 +45,7 @@ class ModelReport:
     rejections: list[dict] = field(default_factory=list)
     yellow: list[dict] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)
+    feedback: list[str] = field(default_factory=list)  # strategy="apollo": scheduler feedback
     max_error_vs_stock: float | None = None
     max_error_vs_onnx: float | None = None
 
@@ -91,6 +92,7 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         report.flops_before_rewrite = int(rewrites[0].flops_before)
         report.flops_after_rewrite = int(rewrites[0].flops_after)
         report.rules_fired = dict(rewrites[0].fired)
+    report.feedback = [e.describe() for e in getattr(module_plan, "feedback", [])]
     kernel = 0
     for plan in module_plan.plans.values():
         for block in plan.blocks:
@@ -157,6 +159,9 @@ def format_report(report: ModelReport, why: bool = False) -> str:
                      + " -> ".join(block.operators))
     if report.opaque:
         lines.append("  opaque (never fused): " + "; ".join(report.opaque))
+    if report.feedback:
+        lines.append("  scheduler feedback (Apollo):")
+        lines += [f"    {event}" for event in report.feedback]
     if why:
         lines.append("  rejected pairs:")
         for r in report.rejections:

@@ -1,0 +1,164 @@
+# ruff: noqa: E402  (notebook cells import where they are used)
+# Source of tutorials/03_conv_chains.ipynb (build: scripts/build_tutorials.py 03_conv_chains).
+
+# %% [markdown]
+# # 3. Conv→conv fusion (OptiFX) and its cost model, on MobileNetV2's blocks
+#
+# DNNFusion's Table 3 never fuses two Many-to-Many operators, and stock TVM never fuses two
+# convolutions. OptiFX (AFusion) does: the first conv's output tile **plus its halo** is
+# computed inside the second conv's tile loop, so the intermediate never leaves the cache. The
+# price is the halo, computed twice by neighbouring tiles.
+#
+# This notebook builds MobileNetV2's depthwise → pointwise pair (with their BatchNorm and
+# ReLU6, as the ONNX export has them), lets the cost model decide, shows the chosen tile, halo,
+# redundant FLOPs and bytes saved, and then measures. It is honest about the result: on the
+# 2-core CPU where this notebook was executed, the fused kernel is **no faster** than the two
+# convolutions scheduled separately (on other MobileNetV2 shapes it is slower), which is why
+# `conv_chains` is `"off"` by default.
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import tvm
+
+from tvm_fusion.compile import compile_model, count_kernels, fuse, import_onnx, run
+from tvm_fusion.relay_passes import conv_chains as cc
+from tvm_fusion.relay_passes.conv_chains_testing import chain_model, simo_model
+from tvm_fusion.relay_passes.ecg import build_ecg
+from tvm_fusion.relay_passes.mapping_type import AnnotateMappingType
+from tvm_fusion.relay_passes.plan_fusion import _dataflow_blocks
+from tvm_fusion.testing import onnx_reference, random_inputs
+from tvm_fusion.transform import legalize_passes
+
+TARGET = tvm.target.Target("llvm")
+
+# %% [markdown]
+# ## MobileNetV2's depthwise → pointwise pair
+#
+# A spec is `("conv", out_channels, kernel, stride, pad, groups, activation)`; `groups=-1`
+# means depthwise. The shapes are those of a MobileNetV2 stage at 28×28.
+
+# %%
+DW = ("conv", 0, 3, 1, 1, -1, "relu6")
+PW = ("conv", 32, 1, 1, 0, 1, None)
+model = chain_model(channels=192, size=28, ops=[DW, PW])
+model.ir_version = 8  # what the installed ONNX Runtime reads
+print([n.op_type for n in model.graph.node])
+
+# %% [markdown]
+# ## Candidates and the cost model
+#
+# The search looks at connected sets of 2–3 region-based operators (SISO, SIMO, MISO) and
+# scores each with the roofline before and after fusion (Eq. 1–3 with the per-group weight
+# term). `"cost_model"` keeps a chain only if its per-kernel roofline time improves by
+# θ = 1.05; `"paper_1.05"` is the paper's literal rule on aggregate intensity.
+
+# %%
+def ecg_of(model):
+    mod = import_onnx(model)
+    with TARGET:
+        mod = tvm.transform.Sequential(legalize_passes(TARGET))(mod)
+    mod = AnnotateMappingType("expanding_only")(mod)
+    return build_ecg(mod, _dataflow_blocks(mod["main"])[0]), mod
+
+
+def decisions_table(model, mode):
+    ecg, mod = ecg_of(model)
+    rows = []
+    for d in cc.choose_chains(ecg, mode, mod=mod, prune=False):
+        s = d.score
+        rows.append((d.candidate.shape, " → ".join(d.names) or str(d.candidate.rops), s.tile,
+                     s.halo, s.redundant_flops, s.bytes_saved, round(s.ratio, 2), d.chosen,
+                     d.reason))
+    return rows
+
+
+header = ("shape", "chain", "tile", "halo", "redundant FLOPs", "bytes saved",
+          "roofline speedup", "chosen", "why")
+for mode in ("cost_model", "paper_1.05"):
+    print(f"--- conv_chains={mode!r}")
+    for row in decisions_table(model, mode):
+        print(dict(zip(header, row)))
+
+# %% [markdown]
+# The same search handles one producer feeding two convolutions (SIMO, Fig. 7a of the paper):
+
+# %%
+simo = simo_model(32, 16, ("conv", 32, 3, 1, 1, 1, "relu"),
+                  [("conv", 16, 1, 1, 0, 1, None), ("conv", 16, 3, 1, 1, 1, None)])
+for row in decisions_table(simo, "cost_model"):
+    print(dict(zip(header, row)))
+
+# %% [markdown]
+# ## Build it both ways: kernels, numbers, buffers
+#
+# `conv_chains="cost_model"` turns each chosen chain into one fusion block (overriding
+# Table 3's red M2M→M2M cell for exactly that block); the overlapped-tile template
+# (`tir_schedules/conv_conv.py`) then schedules it.
+
+# %%
+mod = import_onnx(model)
+feeds = random_inputs(model, seed=0)
+inputs = [feeds["x"]]
+reference = onnx_reference(model, feeds)[0]
+builds = {}
+for mode in ("off", "cost_model"):
+    fused = fuse(mod, TARGET, conv_chains=mode)
+    ex = compile_model(mod, TARGET, conv_chains=mode)
+    out = run(ex, inputs)[0]
+    builds[mode] = ex
+    print(f"conv_chains={mode!r}: {count_kernels(fused)} kernels, "
+          f"max |out - onnxruntime| = {np.abs(out - reference).max():.2e}")
+
+# %% [markdown]
+# In the fused kernel the depthwise result lives in a tile-sized buffer, not a tensor-sized
+# one (the tests assert this on the lowered TIR):
+
+# %%
+fused = fuse(mod, TARGET, conv_chains="cost_model")
+for gvar, func in fused.functions.items():
+    if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and "tvm_fusion.schedule" in func.attrs:
+        print(gvar.name_hint)
+        for note in func.attrs["tvm_fusion.schedule"]:
+            print("   ", note)
+print("full depthwise output:", 192 * 28 * 28, "elements")
+
+# %% [markdown]
+# ## Latency, side by side in one run
+
+# %%
+def median_ms(ex, repeat=20):
+    dev = tvm.cpu()
+    vm = tvm.relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(x, dev) for x in inputs]
+    vm["main"](*args)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        vm["main"](*args)
+        times.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(times))
+
+
+latency = {mode: median_ms(ex) for mode, ex in builds.items()}
+print(latency)
+plt.figure(figsize=(5, 3))
+plt.bar(["two kernels\n(conv_chains='off')", "one overlapped-tile kernel\n('cost_model')"],
+        [latency["off"], latency["cost_model"]], color=["tab:gray", "tab:blue"])
+plt.ylabel("ms (median)")
+plt.title("MobileNetV2 dw 3×3 → pw 1×1, 192 ch, 28×28, CPU")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Reading the result
+#
+# On this CPU the 192×28×28 depthwise output (600 KB) already fits the L2 cache, so fusion
+# saves cache traffic, not DRAM traffic, while the fused kernel's inner loops are simpler than
+# the separately tiled convolutions'. The roofline model predicts a gain (1.19× above) that
+# the measurement does not show. That is the reason the option stays `"off"` by default and why the cost
+# model accepts a measured `latency` callable (the profiling database) in place of the
+# roofline. On GPUs, where the intermediate moves through shared memory instead of global
+# memory, the paper reports 1.27–5.02× on such sub-graphs.

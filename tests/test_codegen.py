@@ -375,3 +375,40 @@ def test_fast_math_accuracy():
     fast = _run_func(fm.fast_math(f), [x, *zeros])[1:]
     compare([fast[0]], [exact[0]], rtol=2e-6, atol=0)  # exp: relative
     compare(fast[1:], exact[1:], rtol=0, atol=2e-6)  # erf, tanh, sigmoid: absolute
+
+
+def _patch_embedding(channels: int = 32, size: int = 64, patch: int = 16) -> onnx.ModelProto:
+    """ViT's patch embedding: Conv(stride = kernel) → Reshape → Transpose → Concat(cls) → Add."""
+    rng = np.random.default_rng(0)
+    n = (size // patch) ** 2
+    inits = [numpy_helper.from_array(a.astype("float32"), name) for name, a in (
+        ("w", rng.standard_normal((channels, 3, patch, patch)) * 0.05),
+        ("b", rng.standard_normal(channels)), ("cls", rng.standard_normal((1, 1, channels))),
+        ("pos", rng.standard_normal((1, n + 1, channels))))]
+    inits.append(numpy_helper.from_array(np.array([1, channels, n], dtype=np.int64), "shape"))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[patch, patch],
+                              strides=[patch, patch]),
+             helper.make_node("Reshape", ["c", "shape"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+             helper.make_node("Concat", ["cls", "t"], ["cat"], axis=1),
+             helper.make_node("Add", ["cat", "pos"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "patch_embedding",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n + 1, channels])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_schedule_tvm_cannot_lower_falls_back_instead_of_breaking_the_build():
+    """Regression (ViT-B did not compile): TVM 0.27's vectoriser divides by zero folding the
+    concat's ``(i - 1) // n + c`` index; the probe build catches it and the block falls back."""
+    model = _patch_embedding()
+    with pytest.warns(ScheduleFailedWarning, match="Divide by zero"):
+        fused = fuse(import_onnx(model), TARGET)
+    assert any(f.attrs is not None and FALLBACK_ATTR in f.attrs
+               for f in fused.functions.values())
+    feeds = random_inputs(model)
+    got = run(compile_model(import_onnx(model), TARGET), [feeds["x"]])
+    compare(got, onnx_reference(model, feeds), rtol=1e-4, atol=1e-4)

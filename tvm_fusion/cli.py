@@ -1,4 +1,4 @@
-"""``tvm-fusion``: demo | compile | report | bench | db.
+"""``tvm-fusion``: demo | compile | report | bench | tune | db.
 
 Bad input (a malformed ONNX file, an unsupported operator, an unknown option) is one line on
 stderr and exit code 2, never a traceback from inside TVM.
@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(p):
         p.add_argument("--target", default="llvm", help="TVM target: kind, tag or JSON dict")
-        p.add_argument("--strategy", default="dnnfusion", help="dnnfusion | tvm")
+        p.add_argument("--strategy", default="dnnfusion",
+                       help="dnnfusion | apollo | tvm (stock FuseOps)")
         p.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
                        help="a tvm_fusion option (see docs/options.md), repeatable")
         p.add_argument("--profile", choices=("off", "db", "measure"),
@@ -79,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="compile an ONNX model to a shared library")
     comp.add_argument("model")
     comp.add_argument("-o", "--output", required=True)
+    comp.add_argument("--tuned", metavar="DIR",
+                      help="use the schedules 'tvm-fusion tune' left in DIR (no tuning)")
     common(comp)
     comp.set_defaults(func=_cmd_compile)
 
@@ -106,8 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_cmd_bench)
 
     from .tuning.db_cli import add_db_parser
+    from .tuning.tune_cli import add_tune_parser
 
     add_db_parser(sub)
+    add_tune_parser(sub)
     return parser
 
 
@@ -157,6 +162,12 @@ def _cmd_demo(args) -> int:
 def _cmd_compile(args) -> int:
     from .compile import compile_model, import_onnx, load_onnx
 
+    if getattr(args, "tuned", None):
+        from .tuning.tune_cli import compile_tuned_cmd
+
+        compile_tuned_cmd(args.model, args.tuned, args.output, args.target, _options(args))
+        print(f"wrote {args.output}")
+        return 0
     mod = import_onnx(load_onnx(args.model))
     executable = compile_model(mod, args.target, **_options(args))
     executable.export_library(args.output)

@@ -158,7 +158,7 @@ plt.show()
 # On this CPU the 192×28×28 depthwise output (600 KB) already fits the L2 cache, so fusion
 # saves cache traffic, not DRAM traffic, while the fused kernel's inner loops are simpler than
 # the separately tiled convolutions'. The roofline model predicts a gain (1.19× above) that
-# the measurement does not show. That is the reason the option stays `"off"` by default and why the cost
-# model accepts a measured `latency` callable (the profiling database) in place of the
+# the measurement does not show. That is the reason the option stays `"off"` by default and
+# why the cost model accepts a measured `latency` callable (the profiling database) in place of the
 # roofline. On GPUs, where the intermediate moves through shared memory instead of global
 # memory, the paper reports 1.27–5.02× on such sub-graphs.

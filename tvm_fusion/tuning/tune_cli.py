@@ -1,0 +1,97 @@
+"""``tvm-fusion tune model.onnx --tracker HOST:PORT --key KEY --target T --trials N --work-dir D``.
+
+``add_tune_parser(subparsers)`` adds the ``tune`` command; :func:`compile_tuned_cmd` is what
+``tvm-fusion compile --tuned D`` runs. Bad input (an unreachable tracker, no server under the
+key, a bad target, Android without ``$TVM_NDK_CC``) is a ``ValueError`` with a one-line message
+naming the option, which ``tvm-fusion``'s ``main`` prints with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_tune_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``tune`` to ``subparsers`` (from ``add_subparsers``)."""
+    tune = subparsers.add_parser(
+        "tune", help="meta_schedule tuning of the fused kernels over an RPC tracker",
+        description=__doc__.splitlines()[0])
+    tune.add_argument("model", help="ONNX file")
+    tune.add_argument("--tracker", required=True, metavar="HOST:PORT",
+                      help="the RPC tracker (scripts/rpc_tracker.py)")
+    tune.add_argument("--key", required=True,
+                      help="device key the servers registered under, e.g. android")
+    tune.add_argument("--target", default="llvm",
+                      help="TVM target: kind, tag or JSON dict, e.g. '{\"kind\": \"llvm\", "
+                           "\"mtriple\": \"aarch64-linux-android\", \"num-cores\": 8}' or "
+                           "qcom/adreno-opencl")
+    tune.add_argument("--target-host", default=None,
+                      help="host target of a GPU target, e.g. '{\"kind\": \"llvm\", "
+                           "\"mtriple\": \"aarch64-linux-android\"}'")
+    tune.add_argument("--trials", type=int, default=64,
+                      help="total measured candidates for the model (a rerun with the same "
+                           "--work-dir resumes: only the missing ones are run)")
+    tune.add_argument("--work-dir", required=True,
+                      help="tuning database and logs; reuse it to resume")
+    tune.add_argument("--trials-per-iter", type=int, default=8,
+                      help="candidates per search round (the most an interruption loses)")
+    tune.add_argument("--timeout", type=int, default=60,
+                      help="seconds per remote measurement (session, upload, run)")
+    tune.add_argument("--number", type=int, default=3, help="runs per timing sample")
+    tune.add_argument("--repeat", type=int, default=1, help="timing samples per candidate")
+    tune.add_argument("--profile-db", default=None,
+                      help="profiling database for per-kernel rows (default: the oracle's, "
+                           "$TVM_FUSION_DB); 'none' to skip")
+    tune.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
+                      help="a tvm_fusion option (see docs/options.md), repeatable")
+    tune.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tune.add_argument("--seed", type=int, default=0)
+    tune.set_defaults(func=_cmd_tune)
+    return tune
+
+
+def _cmd_tune(args) -> int:
+    from ..cli import _parse_options
+    from ..compile import import_onnx, load_onnx
+    from .tune import TuneConfig, tune
+
+    mod = import_onnx(load_onnx(args.model))
+    profile_db = "" if (args.profile_db or "").lower() == "none" else args.profile_db
+    cfg = TuneConfig(tracker=args.tracker, key=args.key, target=args.target,
+                     target_host=args.target_host, trials=args.trials, work_dir=args.work_dir,
+                     trials_per_iter=args.trials_per_iter, session_timeout_s=args.timeout,
+                     number=args.number, repeat=args.repeat, profile_db=profile_db,
+                     options=_parse_options(args.option), progress=not args.no_progress,
+                     seed=args.seed)
+    result = tune(mod, cfg)
+    print(f"tuned {len(result.kernels)} fused kernels on {result.servers} server(s) under "
+          f"key {result.key!r}: {result.trials_run} trials this run ({result.failed_run} "
+          f"failed), {result.trials_total} in {result.work_dir}; {result.seconds:.0f} s")
+    for k in result.kernels:
+        tuned = "-" if k.tuned_s is None else f"{k.tuned_s * 1e6:.1f} us"
+        hand = "-" if k.hand_s is None else f"{k.hand_s * 1e6:.1f} us"
+        print(f"  {k.name}: tuned {tuned}, hand schedule {hand} -> {k.choice} "
+              f"({k.records} records, {k.failed} failed)")
+    print(f"build with it: tvm-fusion compile {args.model} --tuned {args.work_dir} -o model.so")
+    return 0
+
+
+def compile_tuned_cmd(model_path: str, tuned_dir: str, output: str, target, options: dict,
+                      quiet: bool = False) -> dict:
+    """``tvm-fusion compile MODEL --tuned DIR -o OUT``: build with the tuned schedules (no
+    tuning) and export for the target's platform (the NDK's clang for Android ``.so``; a
+    ``.tar`` of objects needs no linker). Returns ``{kernel: "tuned" | "hand"}``."""
+    from ..compile import import_onnx, load_onnx
+    from . import rpc
+    from .tune import compile_tuned, tuned_target
+
+    tgt = tuned_target(target, tuned_dir)
+    mod = import_onnx(load_onnx(model_path))
+    executable, applied = compile_tuned(mod, tuned_dir, tgt, **options)
+    rpc.export_library(executable, output, tgt)
+    if not quiet:
+        n = sum(1 for v in applied.values() if v == "tuned")
+        print(f"{n} of {len(applied)} fused kernels use tuned schedules from {tuned_dir}: "
+              + json.dumps(applied))
+    return applied

@@ -24,7 +24,9 @@ EXTRAS = {
     "opencl": ["pyopencl"],
     "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff", "onnxruntime", "matplotlib",
             # tutorials/*.ipynb are executed by tests/test_tutorials.py
-            "nbclient", "nbformat", "ipykernel"],
+            "nbclient", "nbformat", "ipykernel",
+            # meta_schedule prints its task table through pandas inside a notebook (tutorial 5)
+            "pandas"],
 }
 
 setup(

@@ -27,9 +27,8 @@ import tvm
 from tvm import relax, tirx
 
 from .apollo import ApolloOptions, ApolloPlan, apollo_type, plan_apollo
-from .ecg import FuncCache, build_ecg
 from .grouping import is_primitive
-from .plan_fusion import ModulePlan, _dataflow_blocks, apply_plan, weight_param_names
+from .plan_fusion import ModulePlan, apply_plan, block_ecgs
 
 BLOCKLIST_MODES = ("db", "memory")
 
@@ -96,16 +95,10 @@ def plan_module_apollo(mod: tvm.IRModule, options: ApolloOptions | None = None,
     """Apollo on every dataflow block of every non-primitive Relax function."""
     options = options or ApolloOptions()
     start = time.perf_counter()
-    cache = FuncCache(mod)
     result = ApolloModulePlan()
-    for gvar, func in mod.functions.items():
-        if not isinstance(func, relax.Function) or is_primitive(func):
-            continue
-        weights = weight_param_names(func)
-        for index, block in enumerate(_dataflow_blocks(func)):
-            ecg = build_ecg(mod, block, weights, broadcast_policy, cache)
-            types = [apollo_type(n, _primfunc(mod, n.op_name)) for n in ecg.nodes]
-            result.plans[(gvar.name_hint, index)] = plan_apollo(ecg, types, options, blocklist)
+    for key, ecg in block_ecgs(mod, broadcast_policy):
+        types = [apollo_type(n, _primfunc(mod, n.op_name)) for n in ecg.nodes]
+        result.plans[key] = plan_apollo(ecg, types, options, blocklist)
     result.seconds = time.perf_counter() - start
     return result
 

@@ -56,23 +56,29 @@ def plan_module(
     """Plan every dataflow block of every non-primitive Relax function of a legalized module."""
     options = options or PlanOptions()
     start = time.perf_counter()
-    cache = FuncCache(mod)
     result = ModulePlan()
+    for key, ecg in block_ecgs(mod, broadcast_policy):
+        plan = plan_dnnfusion(ecg, options)
+        mode = getattr(options, "conv_chains", "off")
+        if mode != "off":  # OptiFX: profitable conv→conv chains become one block each
+            from .conv_chains import choose_chains, merge_chains_into_plan
+
+            plan = merge_chains_into_plan(plan, choose_chains(ecg, mode, mod=mod))
+        result.plans[key] = plan
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def block_ecgs(mod: tvm.IRModule, broadcast_policy: str = "expanding_only"):
+    """``((function name, block index), ECG)`` of every dataflow block of every non-primitive
+    Relax function: what every planner (DNNFusion, Apollo) plans."""
+    cache = FuncCache(mod)
     for gvar, func in mod.functions.items():
         if not isinstance(func, relax.Function) or is_primitive(func):
             continue
         weights = weight_param_names(func)
         for index, block in enumerate(_dataflow_blocks(func)):
-            ecg = build_ecg(mod, block, weights, broadcast_policy, cache)
-            plan = plan_dnnfusion(ecg, options)
-            mode = getattr(options, "conv_chains", "off")
-            if mode != "off":  # OptiFX: profitable conv→conv chains become one block each
-                from .conv_chains import choose_chains, merge_chains_into_plan
-
-                plan = merge_chains_into_plan(plan, choose_chains(ecg, mode, mod=mod))
-            result.plans[(gvar.name_hint, index)] = plan
-    result.seconds = time.perf_counter() - start
-    return result
+            yield (gvar.name_hint, index), build_ecg(mod, block, weights, broadcast_policy, cache)
 
 
 def _dataflow_blocks(func: relax.Function) -> list[relax.DataflowBlock]:

@@ -96,18 +96,19 @@ def plan_tile(facts: BlockFacts, shapes: dict, params: CpuParams) -> TilePlan | 
         return None
     # The reuse axis: a live spatial iterator that no vector operand depends on but another
     # operand does (so unrolling it reuses each loaded vector RT times).
-    u, best = None, 0
+    # The most registers wins, then the longer axis: an axis of 49 (7 x 7) gets no register
+    # tile under 7 registers, its neighbour of 4 does (Swin's windows x rows output).
+    vectors = -(-vt // params.lanes)
+    u, rt, best = None, 1, 0
     for cand in live[:-1]:
         if cand.name in v_fused or any(index_uses(r.indices, cand) for r in movers):
             continue
         if not any(index_uses(r.indices, cand) for r in others):
             continue
-        if facts.extents[cand.name] > best:
-            u, best = cand, facts.extents[cand.name]
-    vectors = -(-vt // params.lanes)
-    rt = largest_divisor(best, max(1, params.registers // vectors)) if u is not None else 1
-    if u is not None and rt == 1:
-        u = None
+        extent = facts.extents[cand.name]
+        regs = largest_divisor(extent, max(1, params.registers // vectors))
+        if regs > 1 and (regs, extent) > (rt, best):
+            u, rt, best = cand, regs, extent
     kind = _kind(facts, movers, u)
     u_stationary = _u_stationary(facts, v_fused, v_extent, u, vt, rt, movers, others, shapes)
     return TilePlan(kind, v.name, vt, v_fused, u.name if u is not None else None, rt,

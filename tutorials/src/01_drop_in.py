@@ -17,7 +17,6 @@
 # built right here with `onnx.helper`.
 
 # %%
-import time
 
 import numpy as np
 import onnx
@@ -188,25 +187,15 @@ import os
 
 from IPython.display import Markdown, display
 
-
-def median_ms(fn, warmup=3, repeat=20):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times) * 1e3)
-
+from tvm_fusion.bench import median_ms  # median wall time of a call, after warm-up calls
 
 opts = ort.SessionOptions()
 opts.intra_op_num_threads = os.cpu_count() or 1
 ort_session = ort.InferenceSession(model.SerializeToString(), opts,
                                    providers=["CPUExecutionProvider"])
-latency = {name: median_ms(lambda vm=vm: vm["main"](x_tvm))
+latency = {name: median_ms(lambda vm=vm: vm["main"](x_tvm), warmup=3, repeat=20)
            for name, vm in vms.items() if "relax_pipeline" not in name}
-latency["onnxruntime"] = median_ms(lambda: ort_session.run(None, {"x": x}))
+latency["onnxruntime"] = median_ms(lambda: ort_session.run(None, {"x": x}), warmup=3, repeat=20)
 
 rows = ["| build | kernels | latency (ms) | speed-up vs stock |", "|---|---|---|---|"]
 kernel_of = {"stock tvm.compile": kernels["stock tvm.compile"],

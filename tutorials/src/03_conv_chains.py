@@ -17,7 +17,6 @@
 # `conv_chains` is `"off"` by default.
 
 # %%
-import time
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -129,20 +128,16 @@ print("full depthwise output:", 192 * 28 * 28, "elements")
 # ## Latency, side by side in one run
 
 # %%
-def median_ms(ex, repeat=20):
-    dev = tvm.cpu()
-    vm = tvm.relax.VirtualMachine(ex, dev)
-    args = [tvm.runtime.tensor(x, dev) for x in inputs]
-    vm["main"](*args)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        vm["main"](*args)
-        times.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(times))
+from tvm_fusion.bench import median_ms  # median wall time of a call, after warm-up calls
 
 
-latency = {mode: median_ms(ex) for mode, ex in builds.items()}
+def vm_latency_ms(ex):
+    vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
+    args = [tvm.runtime.tensor(x, tvm.cpu()) for x in inputs]
+    return median_ms(lambda: vm["main"](*args), warmup=1, repeat=20)
+
+
+latency = {mode: vm_latency_ms(ex) for mode, ex in builds.items()}
 print(latency)
 plt.figure(figsize=(5, 3))
 plt.bar(["two kernels\n(conv_chains='off')", "one overlapped-tile kernel\n('cost_model')"],

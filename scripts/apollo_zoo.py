@@ -35,6 +35,7 @@ from tvm_fusion.compile import (  # noqa: E402
 )
 from tvm_fusion.relay_passes.plan_fusion import plan_module  # noqa: E402
 from tvm_fusion.testing import onnx_reference, random_inputs  # noqa: E402
+from tvm_fusion.threads import use_physical_cores  # noqa: E402
 from tvm_fusion.transform import legalize_passes  # noqa: E402
 
 TARGET = tvm.target.Target("llvm")
@@ -111,6 +112,7 @@ def markdown(rows: list[dict], checks: dict, lat: list[dict]) -> str:
 
 
 def main() -> int:
+    use_physical_cores()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=str(ROOT / "models"))
     ap.add_argument("--only", default="", help="comma-separated model names (default: all)")

@@ -23,6 +23,7 @@ from tvm_fusion.compile import (
 )
 from tvm_fusion.relay_passes.conv_chains_testing import chain_model
 from tvm_fusion.testing import random_inputs
+from tvm_fusion.threads import use_physical_cores
 
 TARGET = {"kind": "llvm", "mcpu": "znver5", "num-cores": 2}
 CHAINS = {  # MobileNetV2 dw→pw shapes and 3×3→1×1 as in the zoo's ResNet/U-Net
@@ -50,6 +51,7 @@ def _time(model, repeat, **options):
 
 
 def main():
+    use_physical_cores()
     ap = argparse.ArgumentParser()
     ap.add_argument("--e2e", default="mobilenet_v2,efficientnet_b0,unet")
     ap.add_argument("--repeat", type=int, default=7)

@@ -31,6 +31,7 @@ import tvm  # noqa: E402
 
 from tvm_fusion.compile import import_onnx, load_onnx  # noqa: E402
 from tvm_fusion.relay_passes.plan_fusion import plan_module  # noqa: E402
+from tvm_fusion.threads import use_physical_cores  # noqa: E402
 from tvm_fusion.transform import legalize_passes  # noqa: E402
 from tvm_fusion.tuning.cost_model import LatencyModel  # noqa: E402
 from tvm_fusion.tuning.database import ProfilingDatabase  # noqa: E402
@@ -86,6 +87,7 @@ def profile_model(name: str, path: Path, db: ProfilingDatabase, target, timing) 
 
 
 def main(argv=None) -> int:
+    use_physical_cores()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=DEFAULT_MODELS,
                         help=f"comma-separated zoo names, or 'all' (default {DEFAULT_MODELS})")

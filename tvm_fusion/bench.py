@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .atomic import atomic_write_text
+from .threads import use_physical_cores
 
 # variant -> compile_model keyword arguments
 TVM_VARIANTS = {
@@ -82,7 +83,7 @@ def _ort_runner(model, feeds: dict):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count() or 1
+    options.intra_op_num_threads = use_physical_cores()
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     return (lambda: session.run(None, feeds)), (lambda: session.run(None, feeds))
@@ -105,7 +106,7 @@ def _torch_runner(name: str, feeds: dict):
     spec = module.MODELS[name]
     torch.manual_seed(module.SEED)
     net = module.calibrate(spec.build().eval(), spec)
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(use_physical_cores())
     args = [torch.from_numpy(feeds[i.name]) for i in spec.inputs]
 
     def call():
@@ -121,7 +122,11 @@ def _torch_runner(name: str, feeds: dict):
 
 def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARIANTS,
                 repeat: int = 10, warmup: int = 2, seed: int = 0, progress=None):
-    """Time every variant of one ONNX model; returns a list of :class:`Measurement`."""
+    """Time every variant of one ONNX model; returns a list of :class:`Measurement`.
+
+    Every runtime gets the same threads, one per physical core (TVM's own default is half the
+    hardware threads on x86: :mod:`tvm_fusion.threads`)."""
+    use_physical_cores()
     from .compile import graph_input_names, load_onnx
     from .testing import onnx_reference, random_inputs
 
@@ -179,7 +184,8 @@ def run_bench(paths: list[Path], target="llvm", variants=ALL_VARIANTS, repeat=10
 def machine() -> str:
     import platform
 
-    return f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    return (f"{platform.machine()}, {os.cpu_count()} hardware threads, "
+            f"{use_physical_cores()} runtime threads, Python {platform.python_version()}")
 
 
 def to_markdown(rows: list[Measurement]) -> str:

@@ -12,6 +12,7 @@ import sys
 
 from . import __version__
 from .bench import ALL_VARIANTS
+from .threads import use_physical_cores
 
 EXIT_BAD_INPUT = 2
 
@@ -19,6 +20,7 @@ EXIT_BAD_INPUT = 2
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    use_physical_cores()  # before any kernel runs: TVM's default is half the cores on x86
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_BAD_INPUT

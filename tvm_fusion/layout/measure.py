@@ -23,6 +23,7 @@ import numpy as np
 import tvm
 
 from ..compile import count_kernels, fuse, graph_input_names, import_onnx, load_onnx, run
+from ..threads import use_physical_cores
 from .metrics import count_data_movement_kernels
 from .pipeline import graph_passes
 
@@ -131,6 +132,7 @@ def time_row(path: Path, rounds: int = 5, strategy: str = "dnnfusion") -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    use_physical_cores()
     parser = argparse.ArgumentParser(prog="python -m tvm_fusion.layout.measure")
     parser.add_argument("what", choices=("counts", "time"))
     parser.add_argument("models", nargs="+", type=Path)

@@ -12,7 +12,7 @@ from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_on
 from tvm_fusion.relay_passes import conv_chains as cc
 from tvm_fusion.relay_passes.conv_chains_testing import chain_model, miso_model, simo_model
 from tvm_fusion.testing import compare, random_inputs
-from tvm_fusion.tir_schedules.conv_conv import CHAIN_ATTR, choose_tile, halo_extent
+from tvm_fusion.tir_schedules.conv_conv import CHAIN_ATTR, choose_band, choose_tile, halo_extent
 from tvm_fusion.tir_utils import find_all
 
 FORCE = {"table3": {("M2M", "M2M"): "green"}, "conv_chains": "off"}
@@ -50,6 +50,28 @@ def test_chain_numerics_and_template(case):
     mod = _numerics(chain_model(channels, size, ops), **FORCE)
     funcs = _chain_funcs(mod)
     assert len(funcs) == 1, f"{case}: the conv-chain template did not schedule the chain"
+
+
+@pytest.mark.parametrize("case", ["dw-pw", "3x3-1x1", "tile-not-dividing"])
+def test_pointwise_tail_runs_in_row_bands(case):
+    """A chain ending in a 1×1 stride-1 conv needs no halo: it is scheduled in bands of whole
+    rows (the 1×1 conv's inner loop is the separate kernel's), numerics as unfused."""
+    channels, size, ops = CASES[case]
+    (_, func), = _chain_funcs(_numerics(chain_model(channels, size, ops), **FORCE))
+    assert "bands of" in func.attrs["tvm_fusion.schedule"][0]
+
+
+def test_pointwise_tail_without_epilogue_between():
+    ops = [("conv", -1, 3, 1, 1, -1, None), ("conv", 8, 1, 1, 0, 1, "relu")]
+    (_, func), = _chain_funcs(_numerics(chain_model(16, 14, ops), **FORCE))
+    assert "bands of" in func.attrs["tvm_fusion.schedule"][0]
+
+
+def test_band_choice():
+    rows = choose_band(56, 56, 96, cores=2, lanes=16)
+    assert 56 % rows == 0 and 56 // rows >= 4 and rows * 56 % 16 == 0
+    assert 4 * 96 * rows * 56 <= 256 << 10
+    assert choose_band(13, 13, 8, cores=2, lanes=16) == 1  # 13 rows: bands of 1 for 2 cores
 
 
 def test_simo_numerics():
@@ -208,3 +230,23 @@ def test_real_models_below_anchor_bound(name, m2m):
     inputs = [feeds[n] for n in graph_input_names(model)]
     ours = run(compile_model(mod, TARGET, conv_chains="cost_model"), inputs)
     compare(ours, onnx_reference(model, feeds), rtol=1e-3, atol=1e-4)
+
+
+def test_report_shows_halo_redundancy_and_bytes_saved():
+    """Per candidate chain: tile, halo, redundant FLOPs (T_red) and the intermediate's bytes
+    that never travel (written once and read once unfused: 2 x 96·56·56·4)."""
+    from tvm_fusion.report import format_report, make_report
+
+    ops = DW_PW + [("conv", 24, 3, 1, 1, 1, "relu")]
+    report = make_report(chain_model(96, 56, ops), "chain", TARGET, check=False,
+                         conv_chains="cost_model")
+    by_ops = {len(c["operators"]): c for c in report.conv_chains}
+    assert len(report.conv_chains) == 3
+    pair = next(c for c in report.conv_chains if c["chosen"])
+    assert pair["bytes_saved"] == 2 * 96 * 56 * 56 * 4
+    assert pair["halo"] == [0, 0] and pair["redundant_flops"] == 0  # a 1×1 tail: no halo
+    triple = by_ops[3]
+    assert triple["halo"] == [2, 2] and triple["redundant_flops"] > 0
+    text = format_report(report, why=True)
+    assert "conv chains (OptiFX): 1 of 3 candidates fused" in text
+    assert "redundant" in text and "saved" in text

@@ -46,6 +46,7 @@ class ModelReport:
     yellow: list[dict] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)
     feedback: list[str] = field(default_factory=list)  # strategy="apollo": scheduler feedback
+    conv_chains: list[dict] = field(default_factory=list)  # OptiFX candidates (conv_chains=…)
     max_error_vs_stock: float | None = None
     max_error_vs_onnx: float | None = None
 
@@ -105,6 +106,7 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
                            "decided_by": y.decision.source, "detail": y.decision.detail}
                           for y in plan.yellow]
         report.opaque += [f"{n.op_name}: {n.reason}" for n in plan.ecg.nodes if not n.fusible]
+        report.conv_chains += [_chain_row(plan.ecg, d) for d in getattr(plan, "conv_chains", [])]
 
     if check:
         feeds = random_inputs(model, seed=seed)
@@ -162,6 +164,16 @@ def format_report(report: ModelReport, why: bool = False) -> str:
     if report.feedback:
         lines.append("  scheduler feedback (Apollo):")
         lines += [f"    {event}" for event in report.feedback]
+    chosen = [c for c in report.conv_chains if c["chosen"]]
+    if report.conv_chains:
+        lines.append(f"  conv chains (OptiFX): {len(chosen)} of {len(report.conv_chains)} "
+                     f"candidates fused")
+        for c in report.conv_chains if why else chosen:
+            lines.append(f"    {' -> '.join(c['operators'])} [{c['shape']}]: tile "
+                         f"{c['tile'][0]}x{c['tile'][1]}, halo {c['halo'][0]}x{c['halo'][1]}, "
+                         f"redundant {c['redundant_flops'] / 1e6:.2f} MFLOP, "
+                         f"{_mb(c['bytes_saved'])} saved, modelled {c['modelled_speedup']:.2f}x"
+                         + ("" if c["chosen"] else f"; not fused: {c['reason']}"))
     if why:
         lines.append("  rejected pairs:")
         for r in report.rejections:
@@ -172,6 +184,16 @@ def format_report(report: ModelReport, why: bool = False) -> str:
             lines.append(f"    {y['first']} -> {y['second']}: {verdict} ({y['decided_by']}: "
                          f"{y['detail']})")
     return "\n".join(lines)
+
+
+def _chain_row(ecg, decision) -> dict:
+    """One OptiFX candidate for the report: its halo, redundant FLOPs (T_red), bytes saved."""
+    sc = decision.score
+    return {"operators": [ecg.nodes[i].op_name for i in decision.candidate.rops],
+            "shape": decision.candidate.shape, "chosen": decision.chosen,
+            "reason": decision.reason, "tile": list(sc.tile), "halo": list(sc.halo),
+            "redundant_flops": sc.redundant_flops, "bytes_saved": sc.bytes_saved,
+            "modelled_speedup": round(sc.ratio, 3)}
 
 
 def _mb(num_bytes: int) -> str:

@@ -342,7 +342,7 @@ def attainable(intensity: float, p: Platform) -> float:
 
 def score(cand: Candidate, rops: dict[int, RegionOp], p: Platform, mode: str,
           cores: int = 2, lanes: int = 16) -> Score:
-    from ..tir_schedules.conv_conv import choose_tile
+    from ..tir_schedules.conv_conv import choose_band, choose_tile
 
     ops = [rops[i] for i in cand.rops]
     flops = sum(o.flops for o in ops)
@@ -361,17 +361,25 @@ def score(cand: Candidate, rops: dict[int, RegionOp], p: Platform, mode: str,
         chain = [(o.r, o.stride) for o in ops] if cand.shape == "SISO" else \
             [(ops[0].r, ops[0].stride), (max(o.r for o in ops[1:]), ops[1].stride)]
         chans = [ops[0].c] + [o.k for o in ops]
-        tile = choose_tile(last.ho, last.wo, chans[:len(chain) + 1], chain, cores, lanes)
-        producer, consumer = ops[0], ops[1]
-        phi_r = max(0, consumer.r - consumer.stride)
-        phi_s = max(0, consumer.s - consumer.stride)
-        halo = (phi_r, phi_s)
+        if cand.shape == "SISO" and len(ops) == 2 and (last.r, last.s, last.stride) == (1, 1, 1):
+            # a 1×1 tail needs no halo: the template runs bands of whole rows (conv_conv.py)
+            tile = (choose_band(last.ho, last.wo, last.c, cores, lanes), last.wo)
+        else:
+            tile = choose_tile(last.ho, last.wo, chans[:len(chain) + 1], chain, cores, lanes)
         tiles_h = -(-last.ho // tile[0])
         tiles_w = -(-last.wo // tile[1])
-        per_ch = t_red(producer.ho, producer.wo, tiles_h, tiles_w, phi_r, phi_s)
-        red = producer.n * producer.k * per_ch * (
-            2 * (producer.c // producer.groups) * producer.r * producer.s
-            if producer.kind != "pool" else producer.r * producer.s)
+        # every op but the last recomputes the halo that all later ops' windows add up to
+        # (SISO; SIMO's branches read the shared producer: the widest window counts)
+        later = ops[1:] if cand.shape == "SISO" else [max(ops[1:], key=lambda o: o.r)]
+        producers = ops[:-1] if cand.shape == "SISO" else ops[:1]
+        for i, producer in enumerate(producers):
+            phi_r = sum(max(0, o.r - o.stride) for o in later[i:])
+            phi_s = sum(max(0, o.s - o.stride) for o in later[i:])
+            halo = halo if i else (phi_r, phi_s)
+            per_ch = t_red(producer.ho, producer.wo, tiles_h, tiles_w, phi_r, phi_s)
+            red += producer.n * producer.k * per_ch * (
+                2 * (producer.c // producer.groups) * producer.r * producer.s
+                if producer.kind != "pool" else producer.r * producer.s)
     t_f = roofline_time(flops + red, bytes_f, p)
     i_unf = flops / max(bytes_unf, 1)
     i_f = (flops + red) / max(bytes_f, 1)

@@ -35,7 +35,7 @@ from tvm import s_tir, tirx
 from ..tir_utils import find_all, iter_sblocks
 from .analysis import BlockFacts, block_facts, root_block
 from .cpu_target import CpuParams
-from .loops import largest_divisor, loop_extent
+from .loops import largest_divisor, loop_extent, pick_vector_tile
 
 TILE_SPACE = (2, 4, 8, 16)
 CACHE_BYTES = 512 << 10  # working set of one tile: about a quarter of a 2 MiB L2
@@ -129,11 +129,14 @@ def schedule_conv_chain_cpu(sch: s_tir.Schedule, params: CpuParams,
     if stages is None:
         raise ValueError("not a chain of 2-3 region-based operators")
     staged = _inline_elementwise(sch, stages)
+    chain, chans = _chain_geometry(sch, stages)
+    if _pointwise_tail(sch, stages, chain, staged):
+        return _schedule_pointwise_band(sch, stages, staged, params,
+                                        rows=tile[0] if tile else None)
     out_name = stages.output
     out = sch.get_sblock(out_name)
     of = block_facts(sch, out)
     n, c, h, w = (of.extents[v.name] for v in of.spatial)
-    chain, chans = _chain_geometry(sch, stages)
     th, tw = tile or choose_tile(h, w, chans, chain, params.cores, params.lanes)
     notes = [f"conv chain ({len(stages.reductions)} region ops: {', '.join(stages.reductions)}); "
              f"tile {th}x{tw} of {h}x{w}, all {c} channels per tile"]
@@ -174,6 +177,124 @@ def schedule_conv_chain_cpu(sch: s_tir.Schedule, params: CpuParams,
     return notes
 
 
+# ------------------------------------------------------- CPU: pointwise tail, row bands
+
+
+def _pointwise_tail(sch, stages: ChainStages, chain, staged: list[str]) -> bool:
+    """A SISO chain of two whose second op is a 1×1, stride-1 conv reading the first one's
+    output unpadded (MobileNetV2's depthwise→pointwise): the second op needs no halo, so a
+    band of whole rows of the first op's output is exactly what a band of the output needs."""
+    if len(stages.reductions) != 2 or chain[-1] != (1, 1):
+        return False
+    first, second = stages.reductions
+    between = _consumer_names(sch, first)
+    if between == [second]:
+        return True
+    if len(between) != 1 or between[0] not in staged or _consumer_names(
+            sch, between[0]) != [second]:
+        return False
+    # an unpadded staging: the same shape as what it stages (buffer names can repeat)
+    return _written_shape(sch, first) == _written_shape(sch, between[0])
+
+
+def _consumer_names(sch, name: str) -> list[str]:
+    return [sch.get(b).name_hint for b in sch.get_consumers(sch.get_sblock(name))]
+
+
+def _written_shape(sch, name: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in sch.get(sch.get_sblock(name)).writes[0].source.shape)
+
+
+def choose_band(height: int, width: int, channels: int, cores: int, lanes: int,
+                budget: int = CACHE_BYTES // 2) -> int:
+    """Rows per band for a pointwise tail: the band of the first op's output (``channels``
+    rows × ``width``) stays in cache (``budget``), every core gets at least two bands, whole
+    vectors cover a band (``rows·width`` a multiple of the lanes) when some row count allows,
+    then the largest band (fewer restarts of the first op's row pipeline)."""
+    best, best_key = 1, None
+    for rows in range(1, height + 1):
+        if height % rows:
+            continue
+        fits = 4 * channels * rows * width <= budget
+        key = (fits, height // rows >= 2 * cores, (rows * width) % lanes == 0, rows)
+        if best_key is None or key > best_key:
+            best, best_key = rows, key
+    return best
+
+
+def _schedule_pointwise_band(sch: s_tir.Schedule, stages: ChainStages, staged: list[str],
+                             params: CpuParams, rows: int | None = None) -> list[str]:
+    """Depthwise (or any region op) → 1×1 conv, one band of whole rows per parallel task.
+
+    Per band: the first op computes its rows of every channel into a band buffer (its
+    epilogue stored from a one-row register accumulator, its padded input staged per
+    channel), then the 1×1 conv runs over the band as the separate 1×1 conv does over the
+    whole image: the band's rows are one contiguous vector axis (``rows·width`` lanes), RT
+    output channels in registers, its epilogue stored from the accumulator. The intermediate
+    is band-sized and the 1×1 conv's inner loop is the separate kernel's."""
+    from .cpu_tile import TilePlan, _fuse_vector_axis
+
+    first, second = stages.reductions
+    out_name = stages.output
+    # the first op accumulates in registers; its epilogue (the staged input of the 1×1
+    # conv) is stored from that accumulator into the band buffer
+    first_wb = sch.cache_write(sch.get_sblock(first), 0, "local")
+    for block in sch.get_consumers(first_wb):
+        if sch.get(block).name_hint in staged:
+            sch.reverse_compute_inline(block)
+    pw = sch.get_sblock(second)
+    f = block_facts(sch, pw)
+    _, co, h, w = (f.extents[v.name] for v in f.spatial)
+    c1 = f.extents[f.reduce[0].name]
+    rows = rows or choose_band(h, w, c1, params.cores, params.lanes)
+    band = rows * w
+    vt = pick_vector_tile(band, params.lanes, max_vectors=2) or 1
+    rt = largest_divisor(co, max(1, params.registers // -(-vt // params.lanes)))
+    plan = TilePlan("conv", f.spatial[3].name, vt, (f.spatial[2].name, f.spatial[3].name),
+                    f.spatial[1].name, rt, True)
+    wb = sch.cache_write(pw, 0, "local")
+    _fuse_vector_axis(sch, pw, wb, plan)
+    n_loop, co_loop, flat, *reds = sch.get_loops(pw)
+    band_loop, chunk, lanes = sch.split(flat, [None, band // vt, vt])
+    co_out, co_in = sch.split(co_loop, [None, rt])
+    sch.reorder(n_loop, band_loop, co_out, chunk, *reds, co_in, lanes)
+    sch.reverse_compute_at(wb, chunk, preserve_unit_loops=True)
+    if out_name != second:
+        sch.reverse_compute_inline(sch.get_sblock(out_name))
+    sch.vectorize(lanes)
+    sch.unroll(co_in)
+    sch.vectorize(sch.get_loops(wb)[-1])
+    tile_loop = sch.fuse(n_loop, band_loop)
+    # the first op at the band: one output row at a time in registers
+    sch.compute_at(first_wb, tile_loop, preserve_unit_loops=True)
+    first_block = sch.get_sblock(first)
+    sch.compute_at(first_block, tile_loop, preserve_unit_loops=True)
+    _, n1, c1_loop, h1, w1, *reds1 = sch.get_loops(first_block)
+    dvt = pick_vector_tile(w, params.lanes, max_vectors=2) or 1
+    w_out, w_in = sch.split(w1, [None, dvt])
+    sch.reorder(n1, c1_loop, h1, w_out, *reds1, w_in)
+    sch.reverse_compute_at(first_wb, w_out, preserve_unit_loops=True)
+    sch.vectorize(w_in)
+    sch.vectorize(sch.get_loops(first_wb)[-1])
+    padded = []
+    for block in sch.get_producers(first_block):
+        name = sch.get(block).name_hint
+        if name in staged:  # the padded input: per channel, rows of the band + halo
+            sch.compute_at(block, c1_loop, preserve_unit_loops=True)
+            _vectorize_spatial(sch, name, params)
+            padded.append(name)
+    sch.parallel(tile_loop)
+    for block, red in ((pw, reds[0]), (first_block, reds1[0])):
+        init = sch.decompose_reduction(block, red)
+        sch.vectorize(sch.get_loops(init)[-1])
+    return [f"conv chain ({first} → 1x1 {second}): bands of {rows} rows of {h}, all "
+            f"channels per band, band buffer {c1}x{rows}x{w}",
+            f"{first}: per band, one {dvt}-lane row in registers"
+            + (f", {', '.join(padded)} staged per channel" if padded else ""),
+            f"{second}: the band's {band} positions as one vector axis, {rt} output channels "
+            f"x {vt} lanes in registers, epilogue stored from the accumulator"]
+
+
 def _live(sch) -> set[str]:
     return {b.name_hint for b in iter_sblocks(sch.mod["main"])}
 
@@ -211,18 +332,21 @@ def _chain_geometry(sch, stages: ChainStages):
         read = max(f.reads, key=lambda r: len(r.indices))
         stride = _coefficient(read.indices[2], f.spatial[2])
         chain.append((k, max(stride, 1)))
-        in_c = _buffer_channels(sch, read.buffer)
+        in_c = _input_channels(sch, name)
         if not chans:
             chans.append(in_c)
         chans.append(f.extents[f.spatial[1].name])
     return chain, chans
 
 
-def _buffer_channels(sch, name: str) -> int:
-    from .cpu_tile import tile_shapes
-
-    shape = tile_shapes(sch).get(name)
-    return int(shape[1]) if shape is not None and len(shape) == 4 else 1
+def _input_channels(sch, reduction: str) -> int:
+    """Channels of the staged (padded) input a reduction reads: from the block that writes it
+    (buffer names repeat in a fused function: two convs' pads are both ``pad_temp``)."""
+    for block in sch.get_producers(sch.get_sblock(reduction)):
+        shape = sch.get(block).writes[0].source.shape
+        if len(shape) == 4:
+            return int(shape[1])
+    return 1
 
 
 def _coefficient(expr, var) -> int:

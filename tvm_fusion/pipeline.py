@@ -31,14 +31,17 @@ def backend_pipeline(target: tvm.target.Target):
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ApplyGPUSchedules")
 def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """Stock DLight rules on every fused PrimFunc, one function at a time.
+    """GPU schedules of every fused PrimFunc, one function at a time: a fused conv chain
+    (OptiFX) gets the overlapped-tile template, checked by ``verify_gpu_code``; everything
+    else stock DLight rules.
 
     DLight's rules were written for FuseOps' groups; on a larger DNNFusion block a rule can fail
     (0.27's GEMV ``normalize`` asserts) or produce TIR that does not lower. Such a function is
-    retried with fewer rules and a warning names it, rather than failing the whole build. Our
-    own GPU schedules (``tir_schedules/``) are to replace this.
+    retried with fewer rules and a warning names it, rather than failing the whole build.
     """
     from tvm.s_tir import dlight as dl
+
+    from .tir_schedules.conv_conv import try_schedule_conv_chain_gpu
 
     rule_sets = [
         [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
@@ -50,13 +53,16 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     for gvar, func in list(mod.functions.items()):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
+        chain = try_schedule_conv_chain_gpu(gvar, func, tvm.target.Target.current())
+        if chain is not None and _lowers(gvar, chain):
+            mod[gvar] = chain
+            continue
         for attempt, rules in enumerate(rule_sets):
             try:  # a fresh module each time: passes may rewrite a uniquely owned one in place
                 scheduled = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({gvar: func}))
                 # Some schedules only fail when lowered (0.27's Matmul rule on a conv with a
                 # prologue leaves a buffer used before its definition): lower to be sure.
-                probe = scheduled[gvar].with_attr("global_symbol", gvar.name_hint)
-                tvm.tirx.build(tvm.IRModule({gvar: probe}), tvm.target.Target.current())
+                _build(gvar, scheduled[gvar])
                 mod[gvar] = scheduled[gvar]
                 break
             except Exception as err:  # noqa: BLE001 (DLight raises bare AssertionErrors)
@@ -65,6 +71,19 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
                 warnings.warn(f"DLight rule failed on {gvar.name_hint} "
                               f"({type(err).__name__}); retrying with fewer rules", stacklevel=1)
     return mod
+
+
+def _build(gvar, func) -> None:
+    tvm.tirx.build(tvm.IRModule({gvar: func.with_attr("global_symbol", gvar.name_hint)}),
+                   tvm.target.Target.current())
+
+
+def _lowers(gvar, func) -> bool:
+    try:
+        _build(gvar, func)
+        return True
+    except Exception:  # noqa: BLE001 (any lowering failure: DLight takes the function)
+        return False
 
 
 def get_pipeline(target: tvm.target.Target | None = None, **options) -> tvm.transform.Pass:

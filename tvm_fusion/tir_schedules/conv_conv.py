@@ -464,75 +464,185 @@ def _vectorize_spatial(sch, name: str, params: CpuParams) -> None:
 
 # --------------------------------------------------------------------------------- GPU
 
+GPU_TILES = tuple((th, tw) for th in TILE_SPACE for tw in TILE_SPACE)
+GPU_CHANNEL_THREADS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class GpuLimits:
+    threads: int = 1024  # per thread block
+    shared: int = SHARED_STATIC  # static shared memory per block
+    shared_dyn: int = SHARED_STATIC  # with ``shared.dyn``: CUDA (Volta on) opts in to 96 KB
+
+    @staticmethod
+    def of(target) -> GpuLimits:
+        attrs = dict(target.attrs) if target is not None else {}
+        threads = int(attrs.get("max_num_threads", 1024))
+        shared = min(int(attrs.get("max_shared_memory_per_block", SHARED_STATIC)), SHARED_STATIC)
+        cuda = target is not None and target.kind.name == "cuda"
+        return GpuLimits(threads, shared, 96 << 10 if cuda else shared)
+
 
 def schedule_conv_chain_gpu(sch: s_tir.Schedule, tile: tuple[int, int] = (8, 8),
-                            threads: int = 64, scope: str | None = None) -> list[str]:
-    """CUDA/OpenCL: one thread block per output tile (all channels), every stage computed at
-    the tile with its spatial loops spread over the same ``threads`` (``threadIdx.x``), the
-    staged intermediates in shared memory (``shared.dyn`` when they exceed 48 KB)."""
+                            channel_threads: int = 4, scope: str = "shared") -> list[str]:
+    """CUDA/OpenCL, SISO chain of two (the notes' §6.2 recipe, Fig. 11 of the paper).
+
+    One thread block per ``th × tw`` output tile with all output channels. Phase 1: the
+    threads fill the *padded* intermediate tile (+ halo, every channel of it) in shared
+    memory, each element computed by its thread from the first op (accumulated in a
+    register; its epilogue applied before padding, its own padding a guarded global read).
+    Phase 2: the same ``(tw, th, tk)`` thread grid (``threadIdx.x/y/z``, equal extents in
+    both phases: pitfall 5) computes the second op, each thread a contiguous range of output
+    channels (pitfall 4), accumulating in registers, the epilogue stored from them. TVM's
+    ThreadSync puts the one barrier between the phases."""
     stages = chain_stages(sch)
-    if stages is None:
-        raise ValueError("not a chain of 2-3 region-based operators")
+    if stages is None or len(stages.reductions) != 2:
+        raise ValueError("the GPU template takes a SISO chain of two region-based operators")
     staged = _inline_elementwise(sch, stages)
+    first, second = stages.reductions
+    for block in sch.get_producers(sch.get_sblock(first)):  # the first op's own padding
+        if sch.get(block).name_hint in staged:
+            sch.compute_inline(block)
+    padded = [sch.get(b).name_hint for b in sch.get_producers(sch.get_sblock(second))
+              if sch.get(b).name_hint in staged]
+    if len(padded) != 1:
+        raise ValueError("the second op does not read one staged intermediate")
     th, tw = tile
-    out_name = stages.output
-    out = sch.get_sblock(out_name)
-    loops = sch.get_loops(out)
-    n, c, h, w = loops[:4]
-    reds = loops[4:]
+    tk = channel_threads
+    c2 = sch.get_sblock(second)
+    n, k, h, w, *reds = sch.get_loops(c2)
     ho, hi = sch.split(h, [None, th])
     wo, wi = sch.split(w, [None, tw])
-    sch.reorder(n, ho, wo, c, hi, wi, *reds)
+    ki, ko = sch.split(k, [tk, None])  # a thread owns a contiguous channel range
+    sch.reorder(n, ho, wo, hi, wi, ki, ko, *reds)
     bx = sch.fuse(n, ho, wo)
+    acc = sch.cache_write(c2, 0, "local")
+    sch.reverse_compute_at(acc, ko, preserve_unit_loops=True)
+    if stages.output != second:
+        sch.reverse_compute_inline(sch.get_sblock(stages.output))
+    stage = sch.get_sblock(padded[0])
+    sch.compute_at(stage, bx, preserve_unit_loops=True)
+    sch.set_scope(stage, 0, scope)
+    flat = sch.fuse(*sch.get_loops(stage)[-3:])  # channels × halo rows × halo columns
+    _, ty, tx, tz = sch.split(flat, [None, th, tw, tk])
+    c1 = sch.get_sblock(first)
+    sch.compute_at(c1, tz, preserve_unit_loops=True)
+    sch.set_scope(c1, 0, "local")
     sch.bind(bx, "blockIdx.x")
-    _bind_threads(sch, [c, hi, wi], threads)
-    for name in reversed(stages.blocks):
-        if name == out_name or name not in _live(sch):
-            continue
-        sch.compute_at(sch.get_sblock(name), bx, preserve_unit_loops=True)
-    total = 0
-    for name in stages.blocks:
-        if name == out_name or name not in _live(sch):
-            continue
-        block = sch.get_sblock(name)
-        f = block_facts(sch, block)
-        bl = sch.get_loops(block)
-        spatial = bl[1:1 + 4] if f is not None else bl[1:]
-        _bind_threads(sch, spatial, threads)
-        if f is not None and not f.is_reduction or name in staged:
+    for phase1, phase2, tag in ((ty, hi, "threadIdx.y"), (tx, wi, "threadIdx.x"),
+                                (tz, ki, "threadIdx.z")):
+        sch.bind(phase1, tag)
+        sch.bind(phase2, tag)
+    for block, loop in ((c2, reds[0]), (c1, sch.get_loops(c1)[-len(reds)])):
+        try:  # an init outside the reduction loops (pitfall 11); a pool's may not move
+            sch.decompose_reduction(block, loop)
+        except s_tir.ScheduleError:
             pass
-        buf_scope = "shared"
-        sch.set_scope(block, 0, buf_scope)
-        total += 1
-    chosen = scope or "shared"
-    notes = [f"gpu conv chain: tile {th}x{tw}, {threads} threads, intermediates in {chosen}"]
-    if chosen != "shared":
-        for name in stages.blocks:
-            if name != out_name and name in _live(sch):
-                sch.set_scope(sch.get_sblock(name), 0, chosen)
-    return notes
+    return [f"gpu conv chain: tile {th}x{tw}, {tk} channel threads ({th * tw * tk} threads), "
+            f"{padded[0]} (+ halo) in {scope}, {first} and {second} accumulated in registers"]
 
 
-def _bind_threads(sch, loops, threads: int) -> None:
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    _, tx = sch.split(fused, [None, threads])
-    sch.bind(tx, "threadIdx.x")
+def gpu_kernel_ok(func: tirx.PrimFunc, limits: GpuLimits, dynamic: bool = False) -> bool:
+    """``verify_gpu_code`` on the function lowered to thread launches and allocations."""
+    low = _lower_blocks(func)
+    shared = limits.shared_dyn if dynamic else limits.shared
+    return bool(s_tir.analysis.verify_gpu_code(low, {"max_shared_memory_per_block": shared,
+                                                     "max_threads_per_block": limits.threads}))
+
+
+def staged_tile_bytes(channels: int, tile: tuple[int, int], kernel: int, stride: int) -> int:
+    """Bytes of the padded intermediate tile (+ halo) of a SISO chain (Eq. 4)."""
+    rows, cols = ((t - 1) * stride + kernel for t in tile)
+    return 4 * channels * rows * cols
+
+
+def gpu_configs(out_h: int, out_w: int, out_c: int, mid_c: int, kernel: int, stride: int,
+                limits: GpuLimits):
+    """Tile and channel-thread choices, best first: tiles that divide the output (pitfall 2),
+    whose staged tile fits static shared memory, then dynamic; more threads (up to 256), then
+    less halo per useful element."""
+    ranked = []
+    for th, tw in GPU_TILES:
+        if th > out_h or tw > out_w:
+            continue
+        for tk in GPU_CHANNEL_THREADS:
+            threads = th * tw * tk
+            if threads > limits.threads or out_c % tk or threads < 32:
+                continue
+            nbytes = staged_tile_bytes(mid_c, (th, tw), kernel, stride)
+            if nbytes > limits.shared_dyn:
+                continue
+            halo = nbytes / (4 * mid_c * th * tw)
+            key = (out_h % th or out_w % tw, nbytes > limits.shared, -min(threads, 256), halo)
+            ranked.append((key, (th, tw), tk, "shared.dyn" if nbytes > limits.shared
+                           else "shared"))
+    return [cfg[1:] for cfg in sorted(ranked)]
+
+
+def try_schedule_conv_chain_gpu(gvar, func: tirx.PrimFunc, target,
+                                attempts: int = 6) -> tirx.PrimFunc | None:
+    """The GPU hook of ``apply_gpu_schedules``: a fused SISO chain of two gets the
+    overlapped-tile template with the best configuration that ``verify_gpu_code`` accepts;
+    anything else (or nothing accepted) returns None and DLight takes it."""
+    base = func.with_attr("global_symbol", "main")
+    try:
+        sch = s_tir.Schedule(base)
+        stages = chain_stages(sch)
+    except Exception:  # noqa: BLE001
+        return None
+    if stages is None or len(stages.reductions) != 2:
+        return None
+    second = stages.facts[stages.reductions[1]]
+    _, out_c, out_h, out_w = (second.extents[v.name] for v in second.spatial)
+    chain, chans = _chain_geometry(sch, stages)
+    kernel, stride = chain[-1]
+    limits = GpuLimits.of(target)
+    for tile, tk, scope in gpu_configs(out_h, out_w, out_c, chans[1], kernel, stride,
+                                       limits)[:attempts]:
+        try:
+            sch = s_tir.Schedule(base)
+            notes = schedule_conv_chain_gpu(sch, tile, tk, scope)
+            result = sch.mod["main"]
+            if not gpu_kernel_ok(result, limits, dynamic=scope == "shared.dyn"):
+                continue
+        except Exception:  # noqa: BLE001 (a configuration the schedule cannot take)
+            continue
+        from .fused_block import SCHEDULE_ATTR, _restore_symbol
+
+        return _restore_symbol(result, func).with_attrs(
+            {SCHEDULE_ATTR: notes, CHAIN_ATTR: True, "tir.is_scheduled": True})
+    return None
+
+
+def _lower_blocks(func: tirx.PrimFunc, opaque: bool = True) -> tirx.PrimFunc:
+    """Blocks lowered far enough that buffers have their compacted (tile) shapes and, with
+    ``opaque``, thread bindings are launches (what ``verify_gpu_code`` reads)."""
+    import tvm
+
+    passes = [s_tir.transform.LowerInitBlock(),
+              s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+              s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation()]
+    if opaque:
+        passes.append(s_tir.transform.LowerOpaqueBlock())
+    return tvm.transform.Sequential(passes)(tvm.IRModule({"main": func}))["main"]
 
 
 def shared_bytes(func: tirx.PrimFunc) -> int:
-    """Bytes of shared memory a lowered GPU function allocates (all shared scopes)."""
+    """Bytes of shared memory (any shared scope) a scheduled function allocates, compacted."""
     total = 0
-    for stmt in find_all(func.body, tirx.Allocate):
-        if "shared" in str(stmt.buffer_var.type_annotation):
-            size = 1
-            for e in stmt.extents:
-                size *= int(e)
-            total += size * stmt.dtype.bits // 8
+    for block in find_all(_lower_blocks(func, opaque=False).body, s_tir.SBlock):
+        for buf in block.alloc_buffers:
+            if "shared" in buf.scope():
+                size = 1
+                for e in buf.shape:
+                    size *= int(e)
+                total += size * buf.dtype.bits // 8
     return total
 
 
-__all__ = ["chain_stages", "is_conv_chain", "choose_tile", "halo_extent",
-           "schedule_conv_chain_cpu", "schedule_conv_chain_gpu", "shared_bytes", "CHAIN_ATTR"]
+__all__ = ["chain_stages", "is_conv_chain", "choose_band", "choose_tile", "halo_extent",
+           "schedule_conv_chain_cpu", "schedule_conv_chain_gpu", "try_schedule_conv_chain_gpu",
+           "gpu_configs", "gpu_kernel_ok", "shared_bytes", "CHAIN_ATTR"]
 
 
 def try_schedule_conv_chain(gvar, func: tirx.PrimFunc, params: CpuParams, fast: bool = True):

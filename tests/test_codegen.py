@@ -259,6 +259,7 @@ def _rule_models():
         "matmul": (mm, "tile matmul"),
         "matmul_transposed_b": (nt, "output axis innermost"),
         "swish_before_depthwise": (swish_dw, "staged per slab, vector"),
+        "conv_packed": (_conv_model(8, 16, 12, 3), "conv2d_NCHWc: tile matmul: v_oc_block"),
         "conv": (_conv_model(8, 16, 12, 3), "tile conv"),
         "conv_stride2": (_conv_model(8, 16, 12, 3, stride=2), "tile conv"),
         "conv1x1": (_conv_model(16, 24, 14, 1), "v_yy·v_xx"),  # (h, w) as one vector axis
@@ -290,7 +291,9 @@ _RULES = _rule_models()
 @pytest.mark.parametrize("rule", sorted(_RULES))
 def test_cpu_rule(rule):
     model, expected_note = _RULES[rule]
-    mod = _check(model)
+    # the NCHW rules are what grouped-conv models and other strategies get; packed convs
+    # (conv_layout="auto" on a model of dense convs) have a rule of their own
+    mod = _check(model, conv_layout="NCHWc" if rule == "conv_packed" else "NCHW")
     notes = _notes(mod)
     assert expected_note in notes, notes
     assert not any(FALLBACK_ATTR in f.attrs for _, f in _primfuncs(mod))

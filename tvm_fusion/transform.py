@@ -15,6 +15,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .layout.conv_pack import POLICIES as CONV_LAYOUTS
+from .layout.conv_pack import PackConvs
 from .layout.smartmem import POLICIES as LAYOUT_POLICIES
 from .layout.smartmem import EliminateLayoutTransforms
 from .relay_passes.fusion_plan import SEED_POLICIES, AnalyticOracle, PlanOptions
@@ -49,6 +51,7 @@ OPTIONS = {
     "layout": True,  # SmartMem: EliminateLayoutTransforms before planning
     "layout_policy": "reduction",  # "reduction" (the paper) | "vector"
     "layout_copies": 1,  # extra layouts a producer may write for several consumers
+    "conv_layout": "auto",  # CPU convs: "auto" (NCHW[x]c unless grouped convs) | "NCHWc" | "NCHW"
     "profile": "db",  # yellow cells: "db" (look up) | "measure" (and measure misses) | "off"
     "profile_db": None,  # path of the profiling database (None: $TVM_FUSION_DB or ~/.cache)
     "latency_model": None,  # path of a trained XGBoost latency model (tvm_fusion.tuning)
@@ -66,6 +69,7 @@ OPTIONS = {
 _CHOICES = {"strategy": STRATEGIES, "broadcast_policy": BROADCAST_POLICIES,
             "seed_policy": SEED_POLICIES, "layout_policy": LAYOUT_POLICIES,
             "profile": PROFILE_MODES, "conv_chains": ("cost_model", "paper_1.05", "off"),
+            "conv_layout": CONV_LAYOUTS,
             "apollo_rules": ("practical", "paper"),
             "apollo_blocklist": ("db", "memory")}
 
@@ -139,6 +143,12 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
             passes.append(RewriteByMathProperties(
                 opts["rewrite_rules"], bool(opts["allow_fp_reassociation"]),
                 opts["rewrite_record"]))
+        if opts["strategy"] == "dnnfusion":  # §6 inter-block layout: packed convs on CPU
+            # OptiFX's templates take NCHW region ops: with conv_chains on, "auto" keeps NCHW
+            layout = opts["conv_layout"]
+            if layout == "auto" and opts["conv_chains"] != "off":
+                layout = "NCHW"
+            passes.append(PackConvs(tgt, layout))
         passes += legalize_passes(tgt)
         if ours and opts["layout"]:
             passes.append(EliminateLayoutTransforms(tgt, opts["layout_policy"],

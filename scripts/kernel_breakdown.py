@@ -1,0 +1,99 @@
+"""Where a build's time goes: per kernel, GEMM/conv kernels vs the rest, for several builds.
+
+    python scripts/kernel_breakdown.py models/bert_base.onnx [--target JSON] [--runs 5]
+
+Each call of the Relax VM is timed through its instrument hook (wall time around every packed
+call, the fastest of ``--runs`` whole runs kept). A kernel whose name holds ``matmul``,
+``conv`` or ``dense`` counts as GEMM/conv (it carries the FLOPs), everything else as other.
+The last line bounds what grouping alone can win over stock FuseOps with the same schedules:
+if fusion removed *all* non-GEMM time and left the GEMMs as they are, the speed-up would be
+``wall / GEMM time`` (Amdahl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tvm_fusion.threads import use_physical_cores  # noqa: E402
+
+GEMM_WORDS = ("matmul", "conv", "dense")
+BUILDS = {"tvm-fuseops-sched": {"strategy": "tvm", "schedule": True}, "tvm_fusion": {}}
+
+
+def breakdown(vm, args, runs: int) -> tuple[float, dict, dict]:
+    """(wall s, seconds per class, seconds per kernel name) of the fastest of ``runs``."""
+    per_kernel: collections.Counter = collections.Counter()
+    started: dict = {}
+
+    def instrument(_func, name, before, _ret, *_args):
+        if before:
+            started[name] = time.perf_counter()
+        else:
+            per_kernel[name] += time.perf_counter() - started.pop(name)
+        return 0
+
+    vm["main"](*args)  # warm-up
+    vm.set_instrument(instrument)
+    best = None
+    for _ in range(runs):
+        per_kernel.clear()
+        start = time.perf_counter()
+        vm["main"](*args)
+        wall = time.perf_counter() - start
+        if best is None or wall < best[0]:
+            best = (wall, dict(per_kernel))
+    wall, kernels = best
+    classes: collections.Counter = collections.Counter()
+    for name, seconds in kernels.items():
+        kind = "vm" if name.startswith("vm.") else (
+            "gemm/conv" if any(w in name for w in GEMM_WORDS) else "other")
+        classes[kind] += seconds
+    return wall, dict(classes), kernels
+
+
+def main(argv=None) -> int:
+    use_physical_cores()
+    import tvm
+    from tvm import relax
+
+    from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, load_onnx
+    from tvm_fusion.testing import random_inputs
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--target", default='{"kind":"llvm","mcpu":"znver5","num-cores":2}')
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--top", type=int, default=6, help="slowest kernels listed per build")
+    args = parser.parse_args(argv)
+    target = tvm.target.Target(args.target if not args.target.startswith("{")
+                               else __import__("json").loads(args.target))
+    model = load_onnx(args.model)
+    feeds = random_inputs(model)
+    dev = tvm.cpu()
+    inputs = [tvm.runtime.tensor(feeds[n], dev) for n in graph_input_names(model)]
+    walls = {}
+    for build, options in BUILDS.items():
+        vm = relax.VirtualMachine(compile_model(import_onnx(model), target, **options), dev)
+        wall, classes, kernels = breakdown(vm, inputs, args.runs)
+        walls[build] = (wall, classes)
+        shares = ", ".join(f"{k} {v * 1e3:.2f} ms ({v / wall:.0%})" for k, v in
+                           sorted(classes.items()))
+        print(f"{Path(args.model).stem} {build}: {wall * 1e3:.2f} ms; {shares}")
+        for name, seconds in sorted(kernels.items(), key=lambda kv: -kv[1])[:args.top]:
+            print(f"    {seconds * 1e3:8.2f} ms  {name}")
+    wall, classes = walls["tvm-fuseops-sched"]
+    gemm = classes.get("gemm/conv", 0.0)
+    print(f"bound on fusion's gain over tvm-fuseops-sched with the same GEMMs: "
+          f"{wall / gemm:.2f}x (wall {wall * 1e3:.2f} ms / GEMM+conv {gemm * 1e3:.2f} ms); "
+          f"measured {wall / walls['tvm_fusion'][0]:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,7 +28,11 @@ from tvm.relax.frontend.onnx import from_onnx
 
 import tvm_fusion
 from tvm_fusion.compile import compile_model, count_kernels
+from tvm_fusion.threads import use_physical_cores
 
+# TVM's CPU runtime uses half the hardware threads on x86 (it assumes hyper-threading); on a VM
+# whose vCPUs are cores that is half the machine. Set the thread count before any kernel runs.
+print("TVM threads:", use_physical_cores())
 print("TVM", tvm.__version__, "| tvm_fusion", tvm_fusion.__version__, "| onnx", onnx.__version__)
 
 # %% [markdown]

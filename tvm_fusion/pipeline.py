@@ -42,6 +42,7 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     from tvm.s_tir import dlight as dl
 
     from .tir_schedules.conv_conv import try_schedule_conv_chain_gpu
+    from .tir_schedules.fused_block import probe_build
 
     rule_sets = [
         [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
@@ -54,16 +55,18 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
         chain = try_schedule_conv_chain_gpu(gvar, func, tvm.target.Target.current())
-        if chain is not None and _lowers(gvar, chain):
-            mod[gvar] = chain
-            continue
+        if chain is not None:
+            try:
+                mod[gvar] = probe_build(chain)
+                continue
+            except Exception:  # noqa: BLE001 (any lowering failure: DLight takes it)
+                pass
         for attempt, rules in enumerate(rule_sets):
             try:  # a fresh module each time: passes may rewrite a uniquely owned one in place
                 scheduled = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({gvar: func}))
                 # Some schedules only fail when lowered (0.27's Matmul rule on a conv with a
                 # prologue leaves a buffer used before its definition): lower to be sure.
-                _build(gvar, scheduled[gvar])
-                mod[gvar] = scheduled[gvar]
+                mod[gvar] = probe_build(scheduled[gvar])
                 break
             except Exception as err:  # noqa: BLE001 (DLight raises bare AssertionErrors)
                 if attempt == len(rule_sets) - 1:
@@ -71,19 +74,6 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
                 warnings.warn(f"DLight rule failed on {gvar.name_hint} "
                               f"({type(err).__name__}); retrying with fewer rules", stacklevel=1)
     return mod
-
-
-def _build(gvar, func) -> None:
-    tvm.tirx.build(tvm.IRModule({gvar: func.with_attr("global_symbol", gvar.name_hint)}),
-                   tvm.target.Target.current())
-
-
-def _lowers(gvar, func) -> bool:
-    try:
-        _build(gvar, func)
-        return True
-    except Exception:  # noqa: BLE001 (any lowering failure: DLight takes the function)
-        return False
 
 
 def get_pipeline(target: tvm.target.Target | None = None, **options) -> tvm.transform.Pass:

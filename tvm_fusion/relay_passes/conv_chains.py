@@ -551,7 +551,7 @@ def _greedy_or_search(cands: list[Candidate], gains: list[float], cost) -> froze
 def merge_chains_into_plan(plan, decisions: list[ChainDecision]):
     """Merge the DNNFusion blocks holding each chosen chain (the red M2M→M2M cell overridden
     for exactly these blocks). A merge that would form a cycle is refused and recorded."""
-    from .fusion_plan import FusionBlock, Rejection
+    from .fusion_plan import FusionBlock, Rejection, path_reenters
 
     ecg = plan.ecg
     for dec in decisions:
@@ -560,7 +560,7 @@ def merge_chains_into_plan(plan, decisions: list[ChainDecision]):
         block_of = {m: b for b, blk in enumerate(plan.blocks) for m in blk.members}
         ids = sorted({block_of[m] for m in dec.candidate.members if m in block_of})
         merged = sorted(set().union(*(plan.blocks[b].members for b in ids)))
-        if _would_cycle(ecg, set(merged), block_of, plan.blocks):
+        if path_reenters(ecg, set(merged), block_of, plan.blocks):
             dec.chosen = False
             dec.reason = "would form a cycle through an operator outside the chain"
             plan.rejections.append(Rejection(ecg.nodes[dec.candidate.rops[0]].describe(),
@@ -572,29 +572,6 @@ def merge_chains_into_plan(plan, decisions: list[ChainDecision]):
         plan.blocks.sort(key=lambda b: b.members[0])
     plan.conv_chains = decisions
     return plan
-
-
-def _would_cycle(ecg: ECG, inside: set[int], block_of: dict, blocks) -> bool:
-    todo = [s for m in inside for s in ecg.nodes[m].succs if s not in inside]
-    seen: set[int] = set()
-    while todo:
-        cur = todo.pop()
-        if cur in seen:
-            continue
-        seen.add(cur)
-        nxt = list(ecg.nodes[cur].succs)
-        b = block_of.get(cur)
-        if b is not None:
-            for m in blocks[b].members:
-                if m not in seen and m not in inside:
-                    seen.add(m)
-                    nxt.extend(ecg.nodes[m].succs)
-        for s in nxt:
-            if s in inside:
-                return True
-            if s not in seen:
-                todo.append(s)
-    return False
 
 
 __all__ = ["MODES", "PLATFORMS", "Platform", "RegionOp", "Candidate", "Score", "ChainDecision",

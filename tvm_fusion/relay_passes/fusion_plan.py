@@ -318,29 +318,9 @@ class _Planner:
         so nodes above ``limit`` (closed over the spans of blocks that start below it) cannot
         come back and are pruned.
         """
-        ecg = self.ecg
         inside = self.members | {idx}
-        limit = self._limit(max(inside))
-        seen: set[int] = set()
-        todo = [s for m in inside for s in ecg.nodes[m].succs if s not in inside]
-        while todo:
-            cur = todo.pop()
-            if cur in seen or cur > limit:
-                continue
-            seen.add(cur)
-            nxt = list(ecg.nodes[cur].succs)
-            owner = self.block_of.get(cur)
-            if owner is not None and owner < len(self.blocks):
-                for member in self.blocks[owner].members:
-                    if member not in seen:
-                        seen.add(member)
-                        nxt.extend(ecg.nodes[member].succs)
-            for s in nxt:
-                if s in inside:
-                    return True
-                if s not in seen:
-                    todo.append(s)
-        return False
+        return path_reenters(self.ecg, inside, self.block_of, self.blocks,
+                             self._limit(max(inside)))
 
     def _limit(self, start: int) -> int:
         limit = start
@@ -349,3 +329,31 @@ class _Planner:
                 break
             limit = max(limit, hi)
         return limit
+
+
+def path_reenters(ecg, inside: set[int], block_of: dict, blocks, limit: float = float("inf"),
+                  ) -> bool:
+    """Whether a path leaving ``inside`` comes back into it, each planned block taken as one
+    node (entering it at any member lets the path leave from any other): merging ``inside``
+    into one kernel would then form a cycle. Nodes above ``limit`` are not followed (the
+    planner's pruning: paths only move to higher indices except through block jumps)."""
+    seen: set[int] = set()
+    todo = [s for m in inside for s in ecg.nodes[m].succs if s not in inside]
+    while todo:
+        cur = todo.pop()
+        if cur in seen or cur > limit:
+            continue
+        seen.add(cur)
+        nxt = list(ecg.nodes[cur].succs)
+        owner = block_of.get(cur)
+        if owner is not None and owner < len(blocks):
+            for member in blocks[owner].members:
+                if member not in seen and member not in inside:
+                    seen.add(member)
+                    nxt.extend(ecg.nodes[member].succs)
+        for s in nxt:
+            if s in inside:
+                return True
+            if s not in seen:
+                todo.append(s)
+    return False

@@ -96,7 +96,7 @@ def _schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
     if chained is not None:
         return chained
     try:
-        return _lowers(schedule_primfunc(func, params, fast=fast))
+        return probe_build(schedule_primfunc(func, params, fast=fast))
     except Exception as err:  # noqa: BLE001 (TVM raises several types; all mean "not this")
         reason = f"{type(err).__name__}: {_first_line(err)}"
     warnings.warn(f"tvm_fusion: schedule of {gvar.name_hint} failed ({reason}); "
@@ -104,14 +104,14 @@ def _schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
                   stacklevel=2)
     for inline, tile in ((True, False), (False, False)):
         try:
-            out = _lowers(schedule_primfunc(func, params, inline=inline, tile=tile, fast=fast))
+            out = probe_build(schedule_primfunc(func, params, inline=inline, tile=tile, fast=fast))
             return out.with_attr(FALLBACK_ATTR, reason)
         except Exception:  # noqa: BLE001
             continue
     return func.with_attrs({FALLBACK_ATTR: reason + "; left unscheduled", _DONE_ATTR: True})
 
 
-def _lowers(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def probe_build(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` if TVM's TIR lowering accepts it, else the lowering's exception. TVM 0.27 can
     fail late on a valid schedule (vectorising ``(i - 1) // 196 + v`` under a floormod divides
     by zero in its constant folder, ViT's patch embedding); the user's build must not."""

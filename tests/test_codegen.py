@@ -435,3 +435,32 @@ def test_gemm_reuse_axis_with_a_register_tile_wins_over_a_longer_one():
     feeds = random_inputs(model)
     got = run(compile_model(import_onnx(model), TARGET), [feeds["x"]])
     compare(got, onnx_reference(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "znver5", "num-cores": 2})
+
+
+def _avx512_notes(model) -> str:
+    """Schedule notes for an AVX-512 target (compiled only: the machine may lack it)."""
+    return "\n".join(n for f in fuse(import_onnx(model), AVX512, conv_layout="NCHW")
+                     .functions.values() if f.attrs is not None and SCHEDULE_ATTR in f.attrs
+                     for n in f.attrs[SCHEDULE_ATTR])
+
+
+@pytest.mark.parametrize("size, lanes, rows", [(56, 56, 2), (28, 28, 4), (14, 14, 7)])
+def test_depthwise_rows_in_registers_with_whole_vector_loads(size, lanes, rows):
+    """A depthwise conv has no operand to reuse across registers: a tile of several output
+    rows gives independent multiply-add chains, and a row of 56 (28) lanes is loaded as whole
+    16/8/4-lane vectors; 14 lanes were loaded as 8 + 4 + 2 and shuffled for every tap."""
+    model = _conv_model(8, 8, size, 3, group=8)
+    _check(model, conv_layout="NCHW")  # numerics on the test target
+    assert f"tile depthwise: v_xx×{lanes} lanes, v_yy×{rows} window rows" in _avx512_notes(
+        model)
+
+
+def test_maxpool_rows_in_registers():
+    model = _model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3],
+                                     pads=[1, 1, 1, 1], strides=[2, 2])],
+                   [_vi("x", [1, 4, 32, 32])], [_vi("y", [1, 4, 16, 16])])
+    _check(model)
+    assert "tile pool: v_ax3×16 lanes, v_ax2×8 window rows" in _avx512_notes(model)

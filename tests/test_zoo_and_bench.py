@@ -51,3 +51,14 @@ def test_bench_side_by_side(zoo, tmp_path):
 def test_bench_rejects_unknown_variant(zoo, capsys):
     assert main(["bench", str(zoo / "figure3.onnx"), "--variants", "tensorrt"]) == 2
     assert "unknown bench variant 'tensorrt'" in capsys.readouterr().err
+
+
+def test_medians_in_turns_alternates_the_order():
+    """ABBA rounds: a drifting machine biases neither variant."""
+    from tvm_fusion.bench import medians_in_turns
+
+    order = []
+    medians = medians_in_turns({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                               warmup=0, repeat=4)
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert set(medians) == {"a", "b"} and all(v >= 0 for v in medians.values())

@@ -1,8 +1,9 @@
 """Side-by-side latency in one run: stock TVM, tvm_fusion, ONNX Runtime, PyTorch eager.
 
-Every variant runs the same random inputs; medians over ``repeat`` timed runs after ``warmup``
-untimed ones; the error column is the max abs difference from the reference (ONNX Runtime with
-graph optimisations off), so a fast wrong answer shows. TVM variants:
+Every variant runs the same random inputs; all are built first, then timed in turns (ABBA
+rounds, :func:`medians_in_turns`): medians over ``repeat`` rounds after ``warmup`` untimed
+runs; the error column is the max abs difference from the reference (ONNX Runtime with graph
+optimisations off), so a fast wrong answer shows. TVM variants:
 
 * ``tvm-default``: ``tvm.compile(mod, target)`` as a user gets it (on CPU: no fusion);
 * ``tvm-fuseops``: stock ``relax.get_default_pipeline`` (FuseOps + FuseTIR, DLight on GPUs);
@@ -58,6 +59,28 @@ def median_ms(fn: Callable[[], object], warmup: int = 2, repeat: int = 10) -> fl
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
+
+
+def medians_in_turns(calls: dict[str, Callable[[], object]], warmup: int = 2,
+                     repeat: int = 10, number: int = 1) -> dict[str, float]:
+    """Median wall time (ms per call) of each of ``calls``, sampled in turns.
+
+    Round ``r`` times every call ``number`` times, in forward order on even rounds and backward
+    on odd ones (ABBA), so that a machine whose speed drifts during the run (a 2-vCPU VM here
+    went from 0.19 to 0.10 ms on the same kernel within one run) biases no variant: timing one
+    variant after another turned a 1.0x pair of kernels into "1.97x"."""
+    names = list(calls)
+    for name in names:
+        for _ in range(warmup):
+            calls[name]()
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeat):
+        for name in names if r % 2 == 0 else reversed(names):
+            start = time.perf_counter()
+            for _ in range(number):
+                calls[name]()
+            samples[name].append((time.perf_counter() - start) / number)
+    return {name: statistics.median(times) * 1e3 for name, times in samples.items()}
 
 
 def _tvm_runner(model, target: str, compile_kwargs: dict, inputs: list[np.ndarray]):
@@ -138,7 +161,7 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
     feeds = random_inputs(model, seed=seed)
     inputs = [feeds[k] for k in graph_input_names(model)]
     reference = onnx_reference(model, feeds)
-    rows = []
+    calls, errors, skipped = {}, {}, {}
     for variant in variants:
         if progress is not None:
             progress.set_postfix_str(f"{name}/{variant}")
@@ -150,16 +173,18 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
             else:
                 call, outputs = _torch_runner(name, feeds)
         except LookupError as err:
-            rows.append(Measurement(name, variant, None, None, f"skipped: {err}"))
-            if progress is not None:
-                progress.update(1)
-            continue
-        error = max(float(np.abs(np.asarray(a, "float64") - np.asarray(b, "float64")).max())
-                    for a, b in zip(outputs(), reference) if np.asarray(a).size)
-        rows.append(Measurement(name, variant, round(median_ms(call, warmup, repeat), 4), error))
+            skipped[variant] = f"skipped: {err}"
+        else:
+            calls[variant] = call
+            errors[variant] = max(
+                float(np.abs(np.asarray(a, "float64") - np.asarray(b, "float64")).max())
+                for a, b in zip(outputs(), reference) if np.asarray(a).size)
         if progress is not None:
             progress.update(1)
-    return rows
+    # every variant is built before any is timed, then all are timed in turns
+    medians = medians_in_turns(calls, warmup, repeat)
+    return [Measurement(name, v, None, None, skipped[v]) if v in skipped
+            else Measurement(name, v, round(medians[v], 4), errors[v]) for v in variants]
 
 
 def run_bench(paths: list[Path], target="llvm", variants=ALL_VARIANTS, repeat=10, warmup=2,

@@ -1,8 +1,11 @@
 """Small ONNX models of conv chains (SISO, SIMO, MISO) for the conv→conv tests and benchmarks.
 
 Each region-based operator is ``("conv", out_channels, kernel, stride, pad, groups, act)`` or
-``("maxpool", kernel, stride, pad)``; ``groups=-1`` means depthwise. Convs carry a bias and a
-BatchNormalization (as the zoo's CNNs do) and an activation (``"relu"``, ``"relu6"``, ``None``).
+``("maxpool", kernel, stride, pad)``; ``groups=-1`` means depthwise. Convs carry a bias and an
+activation (``"relu"``, ``"relu6"``, ``None``), as the zoo's CNNs do: PyTorch's ONNX export of
+an eval-mode model folds BatchNorm into the conv. ``batchnorm=True`` keeps an explicit
+BatchNormalization after each conv (what a training-mode export leaves), whose per-element
+division the epilogue then pays.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 
 class _Builder:
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, batchnorm: bool):
         self.rng = np.random.default_rng(seed)
+        self.batchnorm = batchnorm
         self.nodes: list = []
         self.inits: list = []
         self.count = 0
@@ -46,22 +50,20 @@ class _Builder:
         self.nodes.append(helper.make_node(
             "Conv", [x, self.const(w, "w"), self.const(b, "b")], [conv], kernel_shape=[k, k],
             strides=[s, s], pads=[p, p, p, p], group=groups))
-        bn = self.name("bn")
-        self.nodes.append(helper.make_node(
-            "BatchNormalization",
-            [conv, self.const(1 + 0.1 * self.rng.standard_normal(cout), "g"),
-             self.const(0.1 * self.rng.standard_normal(cout), "beta"),
-             self.const(0.1 * self.rng.standard_normal(cout), "mean"),
-             self.const(1 + 0.1 * self.rng.random(cout), "var")], [bn]))
-        out = bn
-        if act == "relu":
-            out = self.name("relu")
-            self.nodes.append(helper.make_node("Relu", [bn], [out]))
-        elif act == "relu6":
-            out = self.name("clip")
+        out = conv
+        if self.batchnorm:
+            out = self.name("bn")
             self.nodes.append(helper.make_node(
-                "Clip", [bn, self.const(np.array(0.0), "lo"), self.const(np.array(6.0), "hi")],
-                [out]))
+                "BatchNormalization",
+                [conv, self.const(1 + 0.1 * self.rng.standard_normal(cout), "g"),
+                 self.const(0.1 * self.rng.standard_normal(cout), "beta"),
+                 self.const(0.1 * self.rng.standard_normal(cout), "mean"),
+                 self.const(1 + 0.1 * self.rng.random(cout), "var")], [out]))
+        if act == "relu":
+            self.nodes.append(helper.make_node("Relu", [out], [out := self.name("relu")]))
+        elif act == "relu6":
+            lo, hi = self.const(np.array(0.0), "lo"), self.const(np.array(6.0), "hi")
+            self.nodes.append(helper.make_node("Clip", [out, lo, hi], [out := self.name("clip")]))
         return out, cout
 
     def model(self, inputs, outputs) -> onnx.ModelProto:
@@ -79,9 +81,10 @@ def _vi(name, shape):
                                          None if shape is None else list(shape))
 
 
-def chain_model(channels: int, size: int, ops, seed: int = 0, batch: int = 1) -> onnx.ModelProto:
+def chain_model(channels: int, size: int, ops, seed: int = 0, batch: int = 1,
+                batchnorm: bool = False) -> onnx.ModelProto:
     """SISO: ``x → ops[0] → ops[1] → … → y`` on an ``(batch, channels, size, size)`` input."""
-    b = _Builder(seed)
+    b = _Builder(seed, batchnorm)
     x, c = "x", channels
     for spec in ops:
         x, c = b.rop(x, c, spec)
@@ -89,9 +92,9 @@ def chain_model(channels: int, size: int, ops, seed: int = 0, batch: int = 1) ->
 
 
 def simo_model(channels: int, size: int, first, branches, seed: int = 0,
-               concat: bool = True) -> onnx.ModelProto:
+               concat: bool = True, batchnorm: bool = False) -> onnx.ModelProto:
     """SIMO (Fig. 7a): ``x → first → {branches}`` joined by a Concat, or two outputs."""
-    b = _Builder(seed)
+    b = _Builder(seed, batchnorm)
     mid, c = b.rop("x", channels, first)
     outs = [b.rop(mid, c, spec)[0] for spec in branches]
     if concat:
@@ -101,9 +104,10 @@ def simo_model(channels: int, size: int, first, branches, seed: int = 0,
     return b.model([_vi("x", (1, channels, size, size))], [_vi(o, None) for o in outs])
 
 
-def miso_model(channels: int, size: int, left, right, seed: int = 0) -> onnx.ModelProto:
+def miso_model(channels: int, size: int, left, right, seed: int = 0,
+               batchnorm: bool = False) -> onnx.ModelProto:
     """MISO (Fig. 7b): ``x1 → left``, ``x2 → right``, joined by an element-wise Add."""
-    b = _Builder(seed)
+    b = _Builder(seed, batchnorm)
     a, _ = b.rop("x1", channels, left)
     r, _ = b.rop("x2", channels, right)
     b.nodes.append(helper.make_node("Add", [a, r], ["y"]))

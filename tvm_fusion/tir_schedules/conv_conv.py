@@ -233,7 +233,7 @@ def _schedule_pointwise_band(sch: s_tir.Schedule, stages: ChainStages, staged: l
     whole image: the band's rows are one contiguous vector axis (``rows·width`` lanes), RT
     output channels in registers, its epilogue stored from the accumulator. The intermediate
     is band-sized and the 1×1 conv's inner loop is the separate kernel's."""
-    from .cpu_tile import TilePlan, _fuse_vector_axis
+    from .cpu_tile import WINDOW_REGISTERS, TilePlan, _fuse_vector_axis, window_vector_tile
 
     first, second = stages.reductions
     out_name = stages.output
@@ -271,20 +271,24 @@ def _schedule_pointwise_band(sch: s_tir.Schedule, stages: ChainStages, staged: l
     first_block = sch.get_sblock(first)
     sch.compute_at(first_block, tile_loop, preserve_unit_loops=True)
     _, n1, c1_loop, h1, w1, *reds1 = sch.get_loops(first_block)
-    dvt = pick_vector_tile(w, params.lanes, max_vectors=2) or 1
-    w_out, w_in = sch.split(w1, [None, dvt])
     f1 = block_facts(sch, first_block)
     dense = len(f1.reduce) == 3 and f1.extents[f1.reduce[0].name] > 1  # reads all channels
-    c1_out, c1_in = c1_loop, None
+    dvt = (None if dense else window_vector_tile(w, params.lanes)) or pick_vector_tile(
+        w, params.lanes, max_vectors=2) or 1
+    w_out, w_in = sch.split(w1, [None, dvt])
+    vectors = -(-dvt // params.lanes)
     if dense:  # RT output channels per pass over the inputs: each loaded row feeds RT FMAs
         rt1 = largest_divisor(f1.extents[f1.spatial[1].name],
-                              max(1, params.registers // -(-dvt // params.lanes)))
-        c1_out, c1_in = sch.split(c1_loop, [None, rt1])
-    sch.reorder(n1, c1_out, h1, w_out, *reds1, *([c1_in] if dense else []), w_in)
+                              max(1, params.registers // vectors))
+        c1_out, reg = sch.split(c1_loop, [None, rt1])
+        sch.reorder(n1, c1_out, h1, w_out, *reds1, reg, w_in)
+    else:  # window rows in registers: independent multiply-add chains (cpu_tile._window_rows)
+        rt1 = largest_divisor(rows, max(1, WINDOW_REGISTERS // vectors))
+        h_out, reg = sch.split(h1, [None, rt1])
+        sch.reorder(n1, c1_loop, h_out, w_out, *reds1, reg, w_in)
     sch.reverse_compute_at(first_wb, w_out, preserve_unit_loops=True)
     sch.vectorize(w_in)
-    if dense:
-        sch.unroll(c1_in)
+    sch.unroll(reg)
     sch.vectorize(sch.get_loops(first_wb)[-1])
     padded = []
     for block in sch.get_producers(first_block):
@@ -301,8 +305,7 @@ def _schedule_pointwise_band(sch: s_tir.Schedule, stages: ChainStages, staged: l
     return [f"conv chain ({first} → 1x1 {second}): bands of {rows} rows of {h}, all "
             f"channels per band, band buffer {c1}x{rows}x{w}",
             f"{first}: per band, "
-            + (f"{rt1} channels x {dvt} lanes in registers" if dense else
-               f"one {dvt}-lane row in registers")
+            + (f"{rt1} {'channels' if dense else 'rows'} x {dvt} lanes in registers")
             + (f", {', '.join(padded)} staged per {'band' if dense else 'channel'}"
                if padded else ""),
             f"{second}: the band's {band} positions as one vector axis, {rt} output channels "

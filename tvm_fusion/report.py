@@ -172,7 +172,9 @@ def format_report(report: ModelReport, why: bool = False) -> str:
             lines.append(f"    {' -> '.join(c['operators'])} [{c['shape']}]: tile "
                          f"{c['tile'][0]}x{c['tile'][1]}, halo {c['halo'][0]}x{c['halo'][1]}, "
                          f"redundant {c['redundant_flops'] / 1e6:.2f} MFLOP, "
-                         f"{_mb(c['bytes_saved'])} saved, modelled {c['modelled_speedup']:.2f}x"
+                         f"{_mb(c['bytes_saved'])} saved, "
+                         f"{'measured' if c.get('measured') else 'modelled'} "
+                         f"{c['modelled_speedup']:.2f}x"
                          + ("" if c["chosen"] else f"; not fused: {c['reason']}"))
     if why:
         lines.append("  rejected pairs:")
@@ -193,7 +195,9 @@ def _chain_row(ecg, decision) -> dict:
             "shape": decision.candidate.shape, "chosen": decision.chosen,
             "reason": decision.reason, "tile": list(sc.tile), "halo": list(sc.halo),
             "redundant_flops": sc.redundant_flops, "bytes_saved": sc.bytes_saved,
-            "modelled_speedup": round(sc.ratio, 3)}
+            "modelled_speedup": round(sc.ratio, 3),
+            # timed fused vs as planned (profiling database); else the roofline's estimate
+            "measured": sc.rule.startswith("measured")}
 
 
 def _mb(num_bytes: int) -> str:

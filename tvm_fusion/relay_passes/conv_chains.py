@@ -453,9 +453,14 @@ def backtracking_search(candidates: list[Candidate], cost: Callable[[frozenset],
 
 def choose_chains(ecg: ECG, mode: str = "cost_model", platform: Platform | str = "cpu",
                   mod: tvm.IRModule | None = None,
-                  latency: Callable[[Candidate], float] | None = None,
+                  latency: Callable[[Candidate], tuple[float, float, str] | None] | None = None,
                   prune: bool = True) -> list[ChainDecision]:
-    """Candidates of one ECG, scored, pruned (Algorithm 1) and searched (Algorithm 2)."""
+    """Candidates of one ECG, scored, pruned (Algorithm 1) and searched (Algorithm 2).
+
+    ``latency(candidate)``, when given, returns measured ``(fused s, unfused s, detail)`` (the
+    profiling database) or None; a measured candidate is kept exactly when fusing it was
+    faster, whatever the roofline and the CPU template rules say, and its measured saving is
+    its gain in the search. Unmeasured candidates keep the cost model's verdict."""
     if mode not in MODES:
         raise ValueError(f"unknown conv_chains mode {mode!r}; expected one of {MODES}")
     if mode == "off":
@@ -467,18 +472,19 @@ def choose_chains(ecg: ECG, mode: str = "cost_model", platform: Platform | str =
         if op is not None:
             rops[node.index] = op
     cands = find_candidates(ecg, rops)
-    scored = [(c, _cpu_template_check(c, rops, plat, score(c, rops, plat, mode)))
-              for c in cands]
+    scored = []
+    for c in cands:
+        sc = _cpu_template_check(c, rops, plat, score(c, rops, plat, mode))
+        measured = latency(c) if latency is not None else None
+        if measured is not None:
+            fused, unfused, detail = measured
+            sc = replace(sc, t_fused=fused, t_unfused=unfused, keep=fused < unfused,
+                         rule="measured, " + detail)
+        scored.append((c, sc))
     kept = [(c, s) for c, s in scored if s.keep or not prune]
     if not kept:
         return [ChainDecision(c, s, False, "pruned: " + s.rule) for c, s in scored]
-
-    def gain(c: Candidate, s: Score) -> float:
-        if latency is not None:
-            return latency(c)
-        return s.t_fused - s.t_unfused  # negative: time saved
-
-    gains = [gain(c, s) for c, s in kept]
+    gains = [s.t_fused - s.t_unfused for _, s in kept]  # negative: time saved
 
     def cost(state: frozenset) -> float:
         return sum(gains[i] for i in state)
@@ -501,16 +507,30 @@ def is_pointwise_tail(cand: Candidate, rops: dict[int, RegionOp]) -> bool:
         last.r, last.s, last.stride) == (1, 1, 1)
 
 
+# A band of the 1x1 conv's positions must fill at least one AVX-512 register
+CPU_BAND_POSITIONS = 16
+
+
 def _cpu_template_check(cand: Candidate, rops: dict[int, RegionOp], plat: Platform,
                         sc: Score) -> Score:
-    """On a CPU only pointwise tails are kept: their row-band template runs at 0.94–1.2× of
+    """On a CPU only pointwise tails are kept: their row-band template runs at 0.97–1.34× of
     the separate kernels, while the overlapped-tile template with a halo was measured far
     slower on this CPU (MobileNetV2's 3×3/s2 → dw → pw chain 9.4 ms against 0.6 ms, a 1×1 →
-    dw/s2 pair 7.2 ms; docs/optifx.md), whatever the roofline says."""
-    if plat.name != "cpu" or is_pointwise_tail(cand, rops) or not sc.keep:
+    dw/s2 pair 7.2 ms; docs/optifx.md), whatever the roofline says. And only on maps that
+    split into two bands (one per core) of at least a register of positions: on 7×7 maps the
+    bands are single 7-wide rows and the pair ran at 0.7–0.8×, with nothing to save (the
+    intermediate fits in L2 unfused)."""
+    if plat.name != "cpu" or not sc.keep:
         return sc
-    return replace(sc, keep=False, rule="CPU: only chains ending in a 1x1 conv are fused "
-                   "(the halo template is slower than separate kernels here); " + sc.rule)
+    if not is_pointwise_tail(cand, rops):
+        return replace(sc, keep=False, rule="CPU: only chains ending in a 1x1 conv are fused "
+                       "(the halo template is slower than separate kernels here); " + sc.rule)
+    last = rops[cand.rops[-1]]
+    if not any(last.ho % rows == 0 and last.ho // rows >= 2
+               and rows * last.wo >= CPU_BAND_POSITIONS for rows in range(1, last.ho)):
+        return replace(sc, keep=False, rule=f"CPU: a {last.ho}x{last.wo} map has no two bands "
+                       f"of {CPU_BAND_POSITIONS} positions; " + sc.rule)
+    return sc
 
 
 def _greedy_or_search(cands: list[Candidate], gains: list[float], cost) -> frozenset:
@@ -548,6 +568,12 @@ def _greedy_or_search(cands: list[Candidate], gains: list[float], cost) -> froze
 # ------------------------------------------------------------------------- plan merging
 
 
+def blocks_holding(plan, cand: Candidate) -> list[int]:
+    """Indices of the plan's blocks that hold a member of ``cand``: what merging it merges."""
+    return sorted({b for b, blk in enumerate(plan.blocks) for m in blk.members
+                   if m in cand.members})
+
+
 def merge_chains_into_plan(plan, decisions: list[ChainDecision]):
     """Merge the DNNFusion blocks holding each chosen chain (the red M2M→M2M cell overridden
     for exactly these blocks). A merge that would form a cycle is refused and recorded."""
@@ -558,7 +584,7 @@ def merge_chains_into_plan(plan, decisions: list[ChainDecision]):
         if not dec.chosen:
             continue
         block_of = {m: b for b, blk in enumerate(plan.blocks) for m in blk.members}
-        ids = sorted({block_of[m] for m in dec.candidate.members if m in block_of})
+        ids = blocks_holding(plan, dec.candidate)
         merged = sorted(set().union(*(plan.blocks[b].members for b in ids)))
         if path_reenters(ecg, set(merged), block_of, plan.blocks):
             dec.chosen = False
@@ -576,4 +602,4 @@ def merge_chains_into_plan(plan, decisions: list[ChainDecision]):
 
 __all__ = ["MODES", "PLATFORMS", "Platform", "RegionOp", "Candidate", "Score", "ChainDecision",
            "region_op", "find_candidates", "score", "t_red", "backtracking_search",
-           "choose_chains", "merge_chains_into_plan", "attainable", "roofline_time"]
+           "choose_chains", "blocks_holding", "merge_chains_into_plan", "attainable", "roofline_time"]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
+from .conv_chains import blocks_holding, choose_chains, merge_chains_into_plan
 from .ecg import FuncCache, build_ecg
 from .fusion_plan import FusionPlan, PlanOptions, plan_dnnfusion
 from .grouping import group_bindings, is_primitive
@@ -61,12 +62,24 @@ def plan_module(
         plan = plan_dnnfusion(ecg, options)
         mode = getattr(options, "conv_chains", "off")
         if mode != "off":  # OptiFX: profitable conv→conv chains become one block each
-            from .conv_chains import choose_chains, merge_chains_into_plan
-
-            plan = merge_chains_into_plan(plan, choose_chains(ecg, mode, mod=mod))
+            plan = merge_chains_into_plan(plan, choose_chains(
+                ecg, mode, mod=mod, latency=_chain_latency(plan, options.oracle)))
         result.plans[key] = plan
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _chain_latency(plan: FusionPlan, oracle):
+    """Measured times of a conv chain from the yellow-cell oracle's profiling database (the
+    planned blocks holding the chain, merged vs as planned); None without a database."""
+    if not hasattr(oracle, "merge_times"):
+        return None
+
+    def latency(cand):
+        groups = [list(plan.blocks[b].members) for b in blocks_holding(plan, cand)]
+        return oracle.merge_times(plan.ecg, groups) if len(groups) > 1 else None
+
+    return latency
 
 
 def block_ecgs(mod: tvm.IRModule, broadcast_policy: str = "expanding_only"):

@@ -106,10 +106,12 @@ class Candidate:
     shapes: str  # external input shapes, human-readable
     index: _BlockIndex
     _local: dict[int, int] = field(default_factory=dict)  # binding position -> local index
+    # a merge of planned blocks (:func:`from_blocks`): the split variant keeps them apart
+    split_groups: list[list[int]] | None = None  # local binding indices per kernel
 
     @property
     def split_variant(self) -> str:
-        return f"split:{self.new_local}"
+        return "split:blocks" if self.split_groups else f"split:{self.new_local}"
 
     @property
     def variants(self) -> tuple[str, str]:
@@ -160,6 +162,8 @@ class Candidate:
         all_local = list(range(len(self.positions)))
         if variant == FUSED:
             groups = [all_local]
+        elif variant == self.split_variant and self.split_groups:
+            groups = self.split_groups
         elif variant == self.split_variant:
             groups = [[i for i in all_local if i not in self._new_group()]]
         else:
@@ -198,7 +202,7 @@ class Candidate:
         members = {n.index for n in nodes}
         feats: dict[str, float] = {
             "n_ops": len(nodes),
-            "n_kernels": 1 if variant == FUSED else 2,
+            "n_kernels": 1 if variant == FUSED else len(self.split_groups or [[], []]),
             "producer_first": float(self.producer_first),
             "new_type": int(self.ecg.nodes[self.node].mapping_type),
         }
@@ -227,6 +231,15 @@ class Candidate:
 
     def _crossing_bytes(self) -> int:
         """Bytes the split variant writes from one kernel and reads in the other."""
+        if self.split_groups:
+            kernel = {j: k for k, group in enumerate(self.split_groups) for j in group}
+            members = {*self.block, self.node}
+
+            def kernel_of(i: int):
+                return kernel.get(self._local.get(self.ecg.nodes[i].binding_index))
+
+            return sum(self.ecg.nodes[i].irs_bytes for i in members if any(
+                s in members and kernel_of(s) != kernel_of(i) for s in self.ecg.nodes[i].succs))
         new = self.ecg.nodes[self.node]
         if self.producer_first:
             return sum(self.ecg.nodes[p].irs_bytes for p in new.preds if p in self.block)
@@ -241,6 +254,31 @@ def op_kind(op_name: str) -> str:
 def from_ecg(mod: tvm.IRModule, ecg: ECG, block: list[int], node: int, producer_first: bool,
              index: _BlockIndex | None = None, hashes: PrimFuncHashes | None = None) -> Candidate:
     """Extract ``block + [node]`` of ``ecg`` (a dataflow block of ``mod``) as a candidate."""
+    return _extract(mod, ecg, sorted(block), node, producer_first, index, hashes)
+
+
+def from_blocks(mod: tvm.IRModule, ecg: ECG, groups: list[list[int]],
+                index: _BlockIndex | None = None,
+                hashes: PrimFuncHashes | None = None) -> Candidate:
+    """Merging several planned blocks (``groups`` of ECG nodes) into one kernel, as a
+    candidate: ``fused`` is one kernel, ``split:blocks`` the blocks as planned. An OptiFX conv
+    chain is one (``conv_chains`` with a profiling database). The key records the partition,
+    so it never meets a yellow cell's."""
+    members = sorted({m for group in groups for m in group})
+    cand = _extract(mod, ecg, members[:-1], members[-1], True, index, hashes)
+    kernel_of = {ecg.nodes[m].binding_index: k for k, group in enumerate(groups) for m in group}
+    for pos in cand.positions:  # tuple aliases go with the operator they read
+        if pos not in kernel_of:
+            owner = next(p for p, aliases in cand.index.aliases.items() if pos in aliases)
+            kernel_of[pos] = kernel_of[owner]
+    cand.split_groups = [[cand._local[p] for p in cand.positions if kernel_of[p] == k]
+                         for k in range(len(groups))]
+    cand.canonical += ";split:" + "|".join(",".join(map(str, g)) for g in cand.split_groups)
+    cand.hash = hashlib.sha256(cand.canonical.encode()).hexdigest()[:32]
+    return cand
+
+
+def _extract(mod, ecg, block, node, producer_first, index, hashes) -> Candidate:
     index = index or index_block(ecg.block)
     hashes = hashes or PrimFuncHashes(mod)
     members = sorted({*block, node})
@@ -282,7 +320,7 @@ def from_ecg(mod: tvm.IRModule, ecg: ECG, block: list[int], node: int, producer_
                           "out:" + ",".join(f"k{local[p]}" for p in outputs)])
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:32]
     cand = Candidate(
-        mod=mod, ecg=ecg, block=sorted(block), node=node, producer_first=producer_first,
+        mod=mod, ecg=ecg, block=list(block), node=node, producer_first=producer_first,
         positions=positions, inputs=inputs, outputs=outputs, canonical=canonical, hash=digest,
         new_local=local[ecg.nodes[node].binding_index], shapes=" ".join(input_types),
         index=index, _local=local,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections import Counter
 
 import tvm
@@ -29,7 +30,15 @@ import tvm
 from ..relay_passes.ecg import ECG
 from ..relay_passes.fusion_plan import AnalyticOracle, Decision, PlanOptions
 from ..relay_passes.plan_fusion import ModulePlan, plan_module
-from .candidate import FUSED, Candidate, CandidateError, PrimFuncHashes, from_ecg, index_block
+from .candidate import (
+    FUSED,
+    Candidate,
+    CandidateError,
+    PrimFuncHashes,
+    from_blocks,
+    from_ecg,
+    index_block,
+)
 from .database import Entry, ProfilingDatabase
 from .measure import LocalRunner, MeasureError, Measurer, Runner
 
@@ -141,6 +150,11 @@ class ProfilingOracle:
     def candidate(self, ecg: ECG, block: list[int], node: int,
                   producer_first: bool) -> Candidate:
         """The candidate the planner asks about, with its database key."""
+        mod, index = self._block_of(ecg)
+        return from_ecg(mod, ecg, list(block), node, producer_first, index, self._hashes)
+
+    def _block_of(self, ecg: ECG):
+        """The module being planned and the (cached) index of the ECG's dataflow block."""
         mod = getattr(ecg, "module", None) or self._module
         if mod is None:
             raise ValueError("ProfilingOracle needs the module being planned: call "
@@ -151,7 +165,33 @@ class ProfilingOracle:
         if cached is None or cached[0] is not ecg:
             cached = (ecg, index_block(ecg.block))
             self._indices[id(ecg)] = cached
-        return from_ecg(mod, ecg, list(block), node, producer_first, cached[1], self._hashes)
+        return mod, cached[1]
+
+    def merge_times(self, ecg: ECG, groups: list[list[int]]) -> tuple[float, float, str] | None:
+        """``(fused s, split s, detail)`` of merging the planned blocks ``groups`` into one
+        kernel (an OptiFX conv chain): from the database, measured on a miss in ``"measure"``
+        mode; None when neither answers (the caller's cost model decides)."""
+        if self.mode == "off" or self.database is None:
+            return None
+        try:
+            mod, index = self._block_of(ecg)
+            cand = from_blocks(mod, ecg, groups, index, self._hashes)
+            found = self.measurer.lookup(cand)
+            source = "db"
+            if not all(found.values()):
+                if self.mode != "measure":
+                    return None
+                found, _ = self.measurer.ensure(cand)
+                source = "measure"
+        except (CandidateError, MeasureError) as err:
+            self.counts["chain unmeasured"] += 1
+            warnings.warn(f"conv chain {_groups_text(ecg, groups)}: {err}", stacklevel=2)
+            return None
+        self.counts[f"chain {source}"] += 1
+        fused, split = found[FUSED], found[cand.split_variant]
+        f_s, s_s = getattr(fused, self.statistic), getattr(split, self.statistic)
+        return f_s, s_s, (f"{source}: fused {f_s * 1e6:.1f} us vs {len(groups)} kernels "
+                          f"{s_s * 1e6:.1f} us ({self.statistic}; key {cand.hash[:12]})")
 
     # --------------------------------------------------------------------------- decision
 
@@ -208,6 +248,10 @@ class ProfilingOracle:
         detail = (f"predicted, not measured: fused {fused * 1e6:.1f} us vs split "
                   f"{split * 1e6:.1f} us ({self.model.summary()})")
         return Decision(fuse, "model", detail)
+
+
+def _groups_text(ecg: ECG, groups: list[list[int]]) -> str:
+    return " | ".join(" ".join(ecg.nodes[m].op_name for m in g) for g in groups)
 
 
 def plan_module_profiled(mod: tvm.IRModule, oracle: ProfilingOracle,

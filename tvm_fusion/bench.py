@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import statistics
 import sys
@@ -61,25 +62,45 @@ def median_ms(fn: Callable[[], object], warmup: int = 2, repeat: int = 10) -> fl
     return statistics.median(times) * 1e3
 
 
+# A turn of one variant lasts at least this long when variants are different runtimes: each
+# runtime's worker threads spin after a call, and on two cores the first call after a switch
+# was slowed by the other runtime's threads (TVM's MobileNetV2 39.7 ms after an ONNX Runtime
+# call, 5 ms otherwise; ONNX Runtime 9.9 ms after TVM, 3.2 ms alone). Long turns, each
+# starting with an untimed call, amortise the switch.
+TURN_S = 0.2
+# A turn starts with an untimed call only when calls are this cheap.
+CHEAP_S = 0.5
+
+
 def medians_in_turns(calls: dict[str, Callable[[], object]], warmup: int = 2,
-                     repeat: int = 10, number: int = 1) -> dict[str, float]:
+                     repeat: int = 10, number: int = 1, turn_s: float = 0.0
+                     ) -> dict[str, float]:
     """Median wall time (ms per call) of each of ``calls``, sampled in turns.
 
     Round ``r`` times every call ``number`` times, in forward order on even rounds and backward
     on odd ones (ABBA), so that a machine whose speed drifts during the run (a 2-vCPU VM here
     went from 0.19 to 0.10 ms on the same kernel within one run) biases no variant: timing one
-    variant after another turned a 1.0x pair of kernels into "1.97x"."""
+    variant after another turned a 1.0x pair of kernels into "1.97x". With ``turn_s`` a turn
+    repeats a call until it lasts that long (at least ``number`` times) after one untimed call
+    (see :data:`TURN_S`)."""
     names = list(calls)
+    counts = {}
     for name in names:
+        seconds = 0.0
         for _ in range(warmup):
+            start = time.perf_counter()
             calls[name]()
+            seconds = time.perf_counter() - start
+        counts[name] = max(number, math.ceil(turn_s / seconds) if turn_s and seconds else 1)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeat):
         for name in names if r % 2 == 0 else reversed(names):
-            start = time.perf_counter()
-            for _ in range(number):
+            if turn_s and (not samples[name] or samples[name][-1] < CHEAP_S):
                 calls[name]()
-            samples[name].append((time.perf_counter() - start) / number)
+            start = time.perf_counter()
+            for _ in range(counts[name]):
+                calls[name]()
+            samples[name].append((time.perf_counter() - start) / counts[name])
     return {name: statistics.median(times) * 1e3 for name, times in samples.items()}
 
 
@@ -182,7 +203,7 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
         if progress is not None:
             progress.update(1)
     # every variant is built before any is timed, then all are timed in turns
-    medians = medians_in_turns(calls, warmup, repeat)
+    medians = medians_in_turns(calls, warmup, repeat, turn_s=TURN_S)
     return [Measurement(name, v, None, None, skipped[v]) if v in skipped
             else Measurement(name, v, round(medians[v], 4), errors[v]) for v in variants]
 

@@ -602,4 +602,5 @@ def merge_chains_into_plan(plan, decisions: list[ChainDecision]):
 
 __all__ = ["MODES", "PLATFORMS", "Platform", "RegionOp", "Candidate", "Score", "ChainDecision",
            "region_op", "find_candidates", "score", "t_red", "backtracking_search",
-           "choose_chains", "blocks_holding", "merge_chains_into_plan", "attainable", "roofline_time"]
+           "choose_chains", "blocks_holding", "merge_chains_into_plan", "attainable",
+           "roofline_time"]

@@ -60,10 +60,14 @@ class _Builder:
                  self.const(0.1 * self.rng.standard_normal(cout), "mean"),
                  self.const(1 + 0.1 * self.rng.random(cout), "var")], [out]))
         if act == "relu":
-            self.nodes.append(helper.make_node("Relu", [out], [out := self.name("relu")]))
+            relu = self.name("relu")
+            self.nodes.append(helper.make_node("Relu", [out], [relu]))
+            out = relu
         elif act == "relu6":
             lo, hi = self.const(np.array(0.0), "lo"), self.const(np.array(6.0), "hi")
-            self.nodes.append(helper.make_node("Clip", [out, lo, hi], [out := self.name("clip")]))
+            clip = self.name("clip")
+            self.nodes.append(helper.make_node("Clip", [out, lo, hi], [clip]))
+            out = clip
         return out, cout
 
     def model(self, inputs, outputs) -> onnx.ModelProto:

@@ -3,10 +3,11 @@
     python scripts/kernel_breakdown.py models/bert_base.onnx [--target JSON] [--runs 5]
 
 Each call of the Relax VM is timed through its instrument hook (wall time around every packed
-call, the fastest of ``--runs`` whole runs kept). With more than one thread every kernel then
-also pays the thread pool's wake-up after the Python hook (a depthwise conv + pointwise pair
-read 0.187 ms as two kernels, 0.099 as one, and 0.10 ms both when timed without the hook), so
-per-kernel shares are only trustworthy with ``TVM_NUM_THREADS=1``. A kernel whose name holds ``matmul``,
+call, the fastest of ``--runs`` whole runs kept; the builds run in turns). With more than one
+thread every kernel then also pays the thread pool's wake-up after the Python hook (a depthwise
+conv + pointwise pair read 0.187 ms as two kernels, 0.099 as one, and 0.10 ms both when timed
+without the hook), so per-kernel shares are only trustworthy with ``TVM_NUM_THREADS=1``. A
+kernel whose name holds ``matmul``,
 ``conv`` or ``dense`` counts as GEMM/conv (it carries the FLOPs), everything else as other.
 The last line bounds what grouping alone can win over stock FuseOps with the same schedules:
 if fusion removed *all* non-GEMM time and left the GEMMs as they are, the speed-up would be
@@ -29,8 +30,10 @@ GEMM_WORDS = ("matmul", "conv", "dense")
 BUILDS = {"tvm-fuseops-sched": {"strategy": "tvm", "schedule": True}, "tvm_fusion": {}}
 
 
-def breakdown(vm, args, runs: int) -> tuple[float, dict, dict]:
-    """(wall s, seconds per class, seconds per kernel name) of the fastest of ``runs``."""
+def breakdown(vms: dict, args, runs: int) -> dict[str, tuple[float, dict, dict]]:
+    """Per build: (wall s, seconds per class, seconds per kernel name) of its fastest run.
+    The builds run in turns, one whole run each, order reversed every round (ABBA), so the
+    machine's drift during the measurement lands on every build alike."""
     per_kernel: collections.Counter = collections.Counter()
     started: dict = {}
 
@@ -41,23 +44,28 @@ def breakdown(vm, args, runs: int) -> tuple[float, dict, dict]:
             per_kernel[name] += time.perf_counter() - started.pop(name)
         return 0
 
-    vm["main"](*args)  # warm-up
-    vm.set_instrument(instrument)
-    best = None
-    for _ in range(runs):
-        per_kernel.clear()
-        start = time.perf_counter()
-        vm["main"](*args)
-        wall = time.perf_counter() - start
-        if best is None or wall < best[0]:
-            best = (wall, dict(per_kernel))
-    wall, kernels = best
-    classes: collections.Counter = collections.Counter()
-    for name, seconds in kernels.items():
-        kind = "vm" if name.startswith("vm.") else (
-            "gemm/conv" if any(w in name for w in GEMM_WORDS) else "other")
-        classes[kind] += seconds
-    return wall, dict(classes), kernels
+    best: dict = {}
+    for vm in vms.values():
+        vm["main"](*args)  # warm-up
+        vm.set_instrument(instrument)
+    names = list(vms)
+    for round_ in range(runs):
+        for build in names if round_ % 2 == 0 else reversed(names):
+            per_kernel.clear()
+            start = time.perf_counter()
+            vms[build]["main"](*args)
+            wall = time.perf_counter() - start
+            if build not in best or wall < best[build][0]:
+                best[build] = (wall, dict(per_kernel))
+    result = {}
+    for build, (wall, kernels) in best.items():
+        classes: collections.Counter = collections.Counter()
+        for name, seconds in kernels.items():
+            kind = "vm" if name.startswith("vm.") else (
+                "gemm/conv" if any(w in name for w in GEMM_WORDS) else "other")
+            classes[kind] += seconds
+        result[build] = (wall, dict(classes), kernels)
+    return result
 
 
 def main(argv=None) -> int:
@@ -80,10 +88,10 @@ def main(argv=None) -> int:
     feeds = random_inputs(model)
     dev = tvm.cpu()
     inputs = [tvm.runtime.tensor(feeds[n], dev) for n in graph_input_names(model)]
+    vms = {build: relax.VirtualMachine(compile_model(import_onnx(model), target, **options), dev)
+           for build, options in BUILDS.items()}
     walls = {}
-    for build, options in BUILDS.items():
-        vm = relax.VirtualMachine(compile_model(import_onnx(model), target, **options), dev)
-        wall, classes, kernels = breakdown(vm, inputs, args.runs)
+    for build, (wall, classes, kernels) in breakdown(vms, inputs, args.runs).items():
         walls[build] = (wall, classes)
         shares = ", ".join(f"{k} {v * 1e3:.2f} ms ({v / wall:.0%})" for k, v in
                            sorted(classes.items()))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 
-import numpy as np
 import tvm
 from tvm import relax
 
@@ -25,7 +24,7 @@ from tvm_fusion.compile import (
     load_onnx,
 )
 from tvm_fusion.relay_passes.conv_chains_testing import chain_model
-from tvm_fusion.testing import onnx_reference, random_inputs
+from tvm_fusion.testing import max_abs_error, onnx_reference, random_inputs
 from tvm_fusion.threads import use_physical_cores
 
 TARGET = {"kind": "llvm", "mcpu": "znver5", "num-cores": 2}
@@ -78,7 +77,7 @@ def _error_vs_onnxruntime(model, call) -> float:
     out = call()
     outs = [out] if hasattr(out, "numpy") else list(out)
     ref = onnx_reference(model, random_inputs(model))
-    return max(float(np.abs(o.numpy() - r).max()) for o, r in zip(outs, ref))
+    return max_abs_error(outs, ref)
 
 
 def main():

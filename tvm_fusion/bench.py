@@ -172,7 +172,7 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
     hardware threads on x86: :mod:`tvm_fusion.threads`)."""
     use_physical_cores()
     from .compile import graph_input_names, load_onnx
-    from .testing import onnx_reference, random_inputs
+    from .testing import max_abs_error, onnx_reference, random_inputs
 
     unknown = sorted(set(variants) - set(ALL_VARIANTS))
     if unknown:
@@ -197,9 +197,7 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
             skipped[variant] = f"skipped: {err}"
         else:
             calls[variant] = call
-            errors[variant] = max(
-                float(np.abs(np.asarray(a, "float64") - np.asarray(b, "float64")).max())
-                for a, b in zip(outputs(), reference) if np.asarray(a).size)
+            errors[variant] = max_abs_error(outputs(), reference)
         if progress is not None:
             progress.update(1)
     # every variant is built before any is timed, then all are timed in turns

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import onnx
 
 from .compile import compile_model, count_kernels, fuse, graph_input_names, import_onnx, run
@@ -63,7 +62,7 @@ class ModelReport:
 def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", check: bool = True,
                 seed: int = 0, **options) -> ModelReport:
     """Plan, compile and (optionally) check one ONNX model."""
-    from .testing import compare, onnx_reference, random_inputs
+    from .testing import compare, max_abs_error, onnx_reference, random_inputs
 
     mod = import_onnx(model)
     stock_mod = fuse(mod, target, strategy="tvm")
@@ -115,8 +114,8 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         ours = run(compile_model(mod, target, **options), inputs)
         stock = run(compile_model(mod, target, strategy="tvm"), inputs)
         reference = onnx_reference(model, feeds)
-        report.max_error_vs_stock = _max_error(ours, stock)
-        report.max_error_vs_onnx = _max_error(ours, reference)
+        report.max_error_vs_stock = max_abs_error(ours, stock)
+        report.max_error_vs_onnx = max_abs_error(ours, reference)
         compare(ours, reference, rtol=1e-3, atol=1e-4)
     return report
 
@@ -130,11 +129,6 @@ def _plan_only(mod, target) -> ModulePlan:
     with tgt:
         Sequential(tgt, record=record, rewrite=False, layout=False)(mod)
     return record[0]
-
-
-def _max_error(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    return float(max((np.abs(x.astype("float64") - y.astype("float64")).max()
-                      for x, y in zip(a, b) if x.size), default=0.0))
 
 
 def format_report(report: ModelReport, why: bool = False) -> str:

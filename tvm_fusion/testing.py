@@ -141,6 +141,15 @@ def random_inputs(
     return feeds
 
 
+def max_abs_error(got, expected) -> float:
+    """Largest absolute difference over paired outputs (arrays or TVM tensors), in float64;
+    empty outputs are skipped."""
+    got = [np.asarray(g.numpy() if hasattr(g, "numpy") else g, "float64") for g in got]
+    expected = [np.asarray(e, "float64") for e in expected]
+    return float(max((np.abs(g - e).max() for g, e in zip(got, expected) if g.size),
+                     default=0.0))
+
+
 def onnx_reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Run the unfused model: onnxruntime CPU with graph optimisations off, else onnx.reference.
 

@@ -104,7 +104,7 @@ def build(mod: tvm.IRModule, layout: bool, strategy: str = "dnnfusion"):
 
 def time_row(path: Path, rounds: int = 5, strategy: str = "dnnfusion") -> dict:
     """Median latency of the two builds, measured alternately in one process."""
-    from ..testing import random_inputs
+    from ..testing import max_abs_error, random_inputs
 
     model = _load(path)
     mod = import_onnx(model)
@@ -116,7 +116,7 @@ def time_row(path: Path, rounds: int = 5, strategy: str = "dnnfusion") -> dict:
         exes[layout] = build(mod, layout, strategy)
         seconds[layout] = time.perf_counter() - start
     outs = {layout: run(ex, inputs) for layout, ex in exes.items()}
-    diff = max(float(np.abs(a - b).max()) for a, b in zip(outs[False], outs[True]))
+    diff = max_abs_error(outs[True], outs[False])
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(x, dev) for x in inputs]
     samples: dict[bool, list[float]] = {False: [], True: []}

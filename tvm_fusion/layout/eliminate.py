@@ -342,6 +342,7 @@ class _Rewriter(relax.PyExprMutator):
         can_first = consumer is not None and consumer.absorbs and pair_decision(
             last_fixed, consumer.cls).action in (Action.ELIMINATE_FIRST, Action.ELIMINATE_BOTH)
         can_second = (producer is not None and producer.absorbs and producer.load_map is None
+                      and site.load_map.is_bijection()
                       and pair_decision(producer.cls, first_fixed).action in (
                           Action.ELIMINATE_SECOND, Action.ELIMINATE_BOTH))
         site.view_key = f"{site.load_map.describe()}|{site.load_map.out_shape}"

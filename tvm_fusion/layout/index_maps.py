@@ -57,6 +57,17 @@ class LoadMap:
         return LoadMap(self.src, outer.vars, tuple(composed), outer.out_shape, self.in_shape,
                        outer.dtype)
 
+    def is_bijection(self) -> bool:
+        """Every source element is copied exactly once: only then can the producer write this
+        view instead of its own layout (Table 5's *eliminate 2nd*). A slice or a gather drops
+        elements and a broadcast repeats them; written by the producer's loop, every dropped
+        element would still be stored somewhere (the last write wins)."""
+        if _numel(self.out_shape) != _numel(self.in_shape):
+            return False
+        result = sym.detect_iter_map(list(self.indices), self.ranges(),
+                                     check_level="bijective")
+        return len(result.indices) == len(self.indices)
+
     def is_identity(self) -> bool:
         if self.out_shape != self.in_shape:
             return False
@@ -67,6 +78,13 @@ class LoadMap:
         names = ", ".join(v.name for v in self.vars)
         body = ", ".join(str(ix) for ix in self.indices)
         return f"({names}) -> ({body})"
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def _dtype(var: tirx.Var) -> str:

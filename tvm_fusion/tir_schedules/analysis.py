@@ -151,6 +151,22 @@ def index_uses(indices, var) -> bool:
     return any(uses_var(ix, var) for ix in indices)
 
 
+def is_bijective_read(facts: BlockFacts, indices, shape) -> bool:
+    """Whether the block's iterators map one-to-one onto every element of a buffer of
+    ``shape`` through ``indices``: only then can the block be stored from where that buffer is
+    produced (``reverse_compute_inline``). A slice or a gather reads part of it, and TVM 0.27
+    inlines such a consumer anyway, storing every produced element to the selected place (the
+    last write wins)."""
+    if facts.volume() != numel(shape) or numel(shape) == 0:
+        return False
+    ranges = {v: tvm.ir.Range.from_min_extent(0, facts.extents[v.name])
+              for v in facts.spatial + facts.reduce if facts.extents.get(v.name)}
+    if len(ranges) != len(facts.spatial) + len(facts.reduce):
+        return False  # a symbolic extent: not provable here
+    result = sym.detect_iter_map(list(indices), ranges, check_level="bijective")
+    return len(result.indices) == len(indices)
+
+
 def stride_in_last_dim(indices, var) -> int | None:
     """The coefficient of ``var`` in the last index when ``var`` appears nowhere else, else
     None: 1 means contiguous lanes, 2 a stride-2 (strided) load."""

@@ -22,7 +22,14 @@ import tvm
 from tvm import s_tir, sym
 
 from ..tir_utils import buffer_loads, const_int, find_all
-from .analysis import BlockFacts, block_facts, index_uses, numel, stride_in_last_dim
+from .analysis import (
+    BlockFacts,
+    block_facts,
+    index_uses,
+    is_bijective_read,
+    numel,
+    stride_in_last_dim,
+)
 from .cpu_target import CpuParams
 from .loops import (
     lane_use,
@@ -508,22 +515,19 @@ def shapes_of(sch: s_tir.Schedule) -> dict:
 
 
 def _reads_each_element_once(cf: BlockFacts, buffer: str, shapes: dict) -> bool:
-    """Whether ``reverse_compute_inline`` can express the consumer per produced element: it
-    must use every one of its (non-unit) iterators to index ``buffer`` and iterate no more
-    points than ``buffer`` has (a slice is fine). A broadcast consumer is not, and TVM 0.27
-    crashes on it instead of refusing."""
+    """Whether ``reverse_compute_inline`` can express the consumer per produced element: its
+    iterators must map one-to-one onto the elements of ``buffer`` (a permutation or reshape).
+    A broadcast reads an element several times (TVM 0.27 crashes on it instead of refusing);
+    a slice or gather skips elements, and TVM 0.27 inlines it without its selection."""
     reads = cf.reads_of(buffer)
     if not reads or buffer not in shapes or len({str(r.indices) for r in reads}) != 1:
         return False  # x * sigmoid(x) reads one element twice: fine; two elements: not
-    live = [v for v in cf.spatial if cf.extents[v.name] > 1]
-    if not all(index_uses(reads[0].indices, v) for v in live):
-        return False
-    return cf.volume() <= numel(shapes[buffer])
+    return is_bijective_read(cf, reads[0].indices, shapes[buffer])
 
 
 def _reads_tile_exactly(sch: s_tir.Schedule, block_rv, buffer: str) -> bool:
     """The block reads ``buffer`` only at plain, distinct iterators (a copy, a permutation, a
-    broadcast), never in a select branch: then the part of it that reads one rectangular
+    broadcast) or at index 0 of a unit dimension, never in a select branch: then the part of it that reads one rectangular
     tile is exactly that tile. A reshape's div/mod index would make ``reverse_compute_at``
     cover a bounding box, reading elements other tiles have not written yet."""
     block = sch.get(block_rv)
@@ -536,6 +540,12 @@ def _reads_tile_exactly(sch: s_tir.Schedule, block_rv, buffer: str) -> bool:
             continue
         seen = [getattr(ix, "name", None) for ix in load.indices if const_int(ix) is None]
         if any(n not in names for n in seen) or len(set(seen)) != len(seen):
+            return False
+        # A fixed index into a dimension of several elements selects one of them: the
+        # consumer would run at every tile and read an element of another tile (or, once the
+        # buffer is compacted to a tile, past its end).
+        if any(const_int(ix) is not None and const_int(dim) != 1
+               for ix, dim in zip(load.indices, load.source.shape)):
             return False
     return True
 

@@ -436,7 +436,7 @@ class _Rewriter(relax.PyExprMutator):
             else:
                 self.visit_binding(b)
                 new_var = self.visit_expr(var)
-            if var in ops:
+            if var in ops and ops[var].absorbs:  # an opaque scan is no epilogue's anchor
                 classes[new_var] = ops[var].cls
             members.append(new_var)
             for view in _views(at_producer.get(var, [])):

@@ -7,6 +7,12 @@ rational approximations TVM's ``topi.fast_exp``/``fast_erf``/``fast_tanh`` (and 
 relative error about 1e-7 for ``exp`` and absolute error below 1e-6 for ``erf``/``tanh``, well
 inside the tolerances models are compared at. ``pow(x, 2|3|4)`` becomes multiplications.
 
+IEEE special values come out as the exact functions give them: a NaN argument is returned
+unchanged (the clamps alone would turn it into a bound: ``min``/``max`` pick the non-NaN operand),
+``exp`` overflows to ``inf`` only above ln(FLT_MAX) ≈ 88.72 and underflows through the
+denormals to 0 below about -103.97 (its scale 2^n is applied as two normal halves), and ±inf
+saturate as the exact functions do.
+
 Only float32 calls are rewritten; the rewrite is a structural map over the PrimFunc.
 """
 
@@ -31,8 +37,23 @@ def _bind(value, build):
     return tirx.Let(var, value, build(var))
 
 
+def _keep_nan(x, result):
+    """``result``, or ``x`` itself where ``x`` is NaN (exact functions propagate NaN)."""
+    return tirx.Select(tirx.isnan(x), x, result)
+
+
+def _pow2(n):
+    """2^n for an integral float32 ``n`` in [-126, 127], built from its exponent bits."""
+    return tirx.reinterpret(_F32, tirx.shift_left(
+        tirx.Cast("int32", n) + tirx.const(127, "int32"), tirx.const(23, "int32")))
+
+
 def fast_exp(value):
-    """2^n · p(r), r = x − n·ln2 (topi.fast_exp's coefficients)."""
+    """2^n · p(r), r = x − n·ln2 (topi.fast_exp's coefficients).
+
+    x is clamped to [-104, 89], beyond which exp is 0 or inf in float32; 2^n (n in [-150, 128])
+    is applied as 2^(n//2) · 2^(n - n//2), both normal, so the product overflows and
+    underflows (gradually) exactly where exp does."""
 
     def with_n(x, n):
         def with_r(r):
@@ -41,16 +62,16 @@ def fast_exp(value):
                          5.0000001201e-1):
                 p = p * r + _c(coef)
             y = p * r * r + r + _c(1.0)
-            scale = tirx.reinterpret(_F32, tirx.shift_left(
-                tirx.Cast("int32", n) + tirx.const(127, "int32"), tirx.const(23, "int32")))
-            return y * scale
+            half = tirx.floor(n * _c(0.5))
+            return y * _pow2(half) * _pow2(n - half)
 
         return _bind(x - n * _c(0.6931471805599453), with_r)
 
     def build(x):
-        return _bind(tirx.max(tirx.min(x, _c(88.3762626647950)), _c(-88.3762626647949)),
-                     lambda xc: _bind(tirx.floor(xc * _c(1.44269504088896341) + _c(0.5)),
-                                      lambda n: with_n(xc, n)))
+        clamped = _bind(tirx.max(tirx.min(x, _c(89.0)), _c(-104.0)),
+                        lambda xc: _bind(tirx.floor(xc * _c(1.44269504088896341) + _c(0.5)),
+                                         lambda n: with_n(xc, n)))
+        return _keep_nan(x, clamped)
 
     return _bind(value, build)
 
@@ -88,7 +109,7 @@ def _rational(x, bound: float, alpha, beta):
 
         return _bind(xc * xc, with_x2)
 
-    return _bind(tirx.max(tirx.min(x, _c(bound)), _c(-bound)), build)
+    return _keep_nan(x, _bind(tirx.max(tirx.min(x, _c(bound)), _c(-bound)), build))
 
 
 def fast_sigmoid(value):

@@ -14,6 +14,7 @@ import tvm
 from tvm import s_tir, sym, tirx
 
 from ..tir_utils import buffer_loads, const_int, find_all
+from .fast_math import APPROXIMATED
 
 _ITER_SPATIAL = 0
 _ITER_REDUCE = 2
@@ -52,6 +53,7 @@ class BlockFacts:
     reads: list[Read] = field(default_factory=list)
     cost: int = 0  # value arithmetic per output element (loads and index math are free)
     padding: bool = False  # the value is a bounds-checked select of a load (pad)
+    nested: int = 0  # fast-math approximable calls nested in the value, at most (exp(tanh(x)): 2)
 
     @property
     def is_reduction(self) -> bool:
@@ -102,8 +104,31 @@ def block_facts(sch: s_tir.Schedule, block_rv) -> BlockFacts | None:
     return BlockFacts(
         name=block.name_hint, spatial=spatial, reduce=reduce, extents=extents, write=write,
         write_indices=list(body.indices), reads=reads, cost=expr_cost(value),
-        padding=_is_padding(value),
+        padding=_is_padding(value), nested=nested_calls(value, APPROXIMATED),
     )
+
+
+def nested_calls(expr, names: frozenset) -> int:
+    """The most calls to ``names`` on one path from the root of ``expr`` to a leaf."""
+    memo: dict = {}
+
+    def depth(node) -> int:
+        key = node.__chandle__()  # shared sub-expressions are visited once
+        if key in memo:
+            return memo[key]
+        if isinstance(node, tvm.ir.expr.TensorLoad):
+            return 0
+        children = [getattr(node, a, None) for a in
+                    ("a", "b", "value", "body", "condition", "true_value", "false_value")]
+        children = [c for c in children if c is not None and not isinstance(c, (int, float, str))]
+        own = 0
+        if isinstance(node, tvm.ir.Call):
+            children.extend(node.args)
+            own = int(isinstance(node.op, tvm.ir.Op) and node.op.name in names)
+        memo[key] = own + max((depth(c) for c in children), default=0)
+        return memo[key]
+
+    return depth(expr)
 
 
 def expr_cost(expr) -> int:

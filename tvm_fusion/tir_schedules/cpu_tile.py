@@ -527,9 +527,10 @@ def _reads_each_element_once(cf: BlockFacts, buffer: str, shapes: dict) -> bool:
 
 def _reads_tile_exactly(sch: s_tir.Schedule, block_rv, buffer: str) -> bool:
     """The block reads ``buffer`` only at plain, distinct iterators (a copy, a permutation, a
-    broadcast) or at index 0 of a unit dimension, never in a select branch: then the part of it that reads one rectangular
-    tile is exactly that tile. A reshape's div/mod index would make ``reverse_compute_at``
-    cover a bounding box, reading elements other tiles have not written yet."""
+    broadcast) or at index 0 of a unit dimension, never in a select branch: then the part of it
+    that reads one rectangular tile is exactly that tile. A reshape's div/mod index would make
+    ``reverse_compute_at`` cover a bounding box, reading elements other tiles have not written
+    yet."""
     block = sch.get(block_rv)
     if not isinstance(block.body, tvm.tirx.BufferStore) or _read_under_condition(
             sch, block_rv, buffer):

@@ -13,7 +13,11 @@ unchanged (the clamps alone would turn it into a bound: ``min``/``max`` pick the
 denormals to 0 below about -103.97 (its scale 2^n is applied as two normal halves), and ±inf
 saturate as the exact functions do.
 
-Only float32 calls are rewritten; the rewrite is a structural map over the PrimFunc.
+Only float32 calls are rewritten; the rewrite is a structural map over the PrimFunc. TVM 0.27's
+simplifier substitutes every bound value (``Let`` or ``Bind``) into its uses, and an
+approximation reads its argument several times, so k approximations nested in one expression
+grow ~20^k: the inliner keeps such chains to :data:`MAX_NESTED` per expression
+(:mod:`.inline`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import tvm_ffi
 from tvm import tirx
 
 _F32 = "float32"
+# Approximations nested in one expression at most (see the module docstring).
+MAX_NESTED = 2
 
 
 def _c(value: float):
@@ -132,6 +138,7 @@ def _int_power(base, exponent) -> object | None:
 
 _RULES = {"tirx.exp": fast_exp, "tirx.erf": fast_erf, "tirx.tanh": fast_tanh,
           "tirx.sigmoid": fast_sigmoid}
+APPROXIMATED = frozenset(_RULES)
 
 
 def _rewrite(call):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from tvm import s_tir
 
 from .analysis import BlockFacts, block_facts, numel, param_names, root_block, uses_var
+from .fast_math import MAX_NESTED
 
 # Storing an element and loading it back while it is still in cache, in the units of
 # analysis.expr_cost (one add = 1): what keeping an intermediate costs per element.
@@ -24,6 +25,10 @@ MEMORY_COST = 2
 # Arithmetic this heavy (a sigmoid, a GELU) is not inlined into a padding block: LLVM does not
 # vectorise it under the pad's bounds check, so it stays an elementwise stage of its own.
 PADDED_COST = 4
+# Arithmetic one expression may grow to by inlining. TVM's simplifier re-walks the whole
+# expression on every inline and on every lowering pass, so a chain of a thousand operators
+# inlined into one store took minutes to compile; split, each stage is one vector loop.
+MAX_INLINED_COST = 256
 
 
 def inline_decision(sch: s_tir.Schedule, block_rv, facts: BlockFacts) -> tuple[bool, str]:
@@ -38,7 +43,7 @@ def inline_decision(sch: s_tir.Schedule, block_rv, facts: BlockFacts) -> tuple[b
         return False, "no consumer in the function"
     size = numel(sch.get(block_rv).writes[0].source.shape) or 1
     reuse = 0.0
-    names, reducers = [], []
+    names, reducers, nested, cost = [], [], 0, 0
     for consumer in consumers:
         cf = block_facts(sch, consumer)
         if cf is None:
@@ -46,9 +51,16 @@ def inline_decision(sch: s_tir.Schedule, block_rv, facts: BlockFacts) -> tuple[b
         reads = _distinct_reads(cf, facts.write)
         reuse += cf.volume() * max(reads, 1) / size
         names.append(cf.name)
+        nested, cost = max(nested, cf.nested), max(cost, cf.cost)
         if cf.is_reduction:
             reducers.append(cf.name)
     where = ", ".join(repr(n) for n in names)
+    if facts.nested and facts.nested + nested > MAX_NESTED:
+        return False, (f"{facts.nested + nested} exp/erf/tanh/sigmoid nested in {where}: more "
+                       f"than {MAX_NESTED} in one expression compile exponentially in TVM")
+    if facts.cost and facts.cost + cost > MAX_INLINED_COST:
+        return False, (f"{facts.cost + cost} ops in one expression of {where}: more than "
+                       f"{MAX_INLINED_COST} make TVM's simplifier the bottleneck of the build")
     if facts.padding and reducers and reuse > 1.0 + 1e-9:
         return False, (f"padding read {reuse:.0f}x per element by reduction {where}: inlining "
                        f"puts a bounds check in its inner loop; padded once instead")
@@ -114,7 +126,7 @@ def inline_producers(sch: s_tir.Schedule) -> tuple[dict[str, str], list[str]]:
     """
     params = param_names(sch)
     inlined: list[str] = []
-    while True:
+    while True:  # sweeps in program order until one inlines nothing (linear per sweep)
         kept: dict[str, str] = {}
         progress = False
         for block_rv in sch.get_child_blocks(root_block(sch)):
@@ -130,7 +142,7 @@ def inline_producers(sch: s_tir.Schedule) -> tuple[dict[str, str], list[str]]:
                     continue
                 inlined.append(f"{facts.name}: {reason}")
                 progress = True
-                break
+                continue
             kept[facts.write] = reason
         if not progress:
             return kept, inlined

@@ -49,10 +49,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(err: BaseException) -> str:
-    """The first line of an error's message that is not a traceback header."""
+    """The first line of an error's message; of a message that carries a traceback (some of
+    TVM's do), the last line, which is the error itself."""
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    lines = [ln for ln in lines if not ln.startswith("Traceback (most recent call last)")]
-    return lines[0] if lines else type(err).__name__
+    if not lines:
+        return type(err).__name__
+    return lines[-1] if lines[0].startswith("Traceback (most recent call last)") else lines[0]
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -21,6 +21,7 @@ def test_transform_keeps_exporting_the_defaults():
 def test_choices_repeat_the_passes_constants():
     from tvm_fusion.layout.conv_pack import POLICIES as CONV_LAYOUTS
     from tvm_fusion.layout.smartmem import POLICIES as LAYOUT_POLICIES
+    from tvm_fusion.relay_passes.apollo import PROFILES as APOLLO_RULES
     from tvm_fusion.relay_passes.apollo_feedback import BLOCKLIST_MODES
     from tvm_fusion.relay_passes.conv_chains import MODES as CONV_CHAINS
     from tvm_fusion.relay_passes.fusion_plan import SEED_POLICIES
@@ -33,7 +34,8 @@ def test_choices_repeat_the_passes_constants():
                          (opt.BROADCAST_POLICIES, BROADCAST_POLICIES),
                          (opt.LAYOUT_POLICIES, LAYOUT_POLICIES), (opt.CONV_LAYOUTS, CONV_LAYOUTS),
                          (opt.PROFILE_MODES, PROFILE_MODES), (opt.CONV_CHAINS, CONV_CHAINS),
-                         (opt.APOLLO_BLOCKLIST, BLOCKLIST_MODES)]:
+                         (opt.APOLLO_BLOCKLIST, BLOCKLIST_MODES),
+                         (opt.APOLLO_RULES, APOLLO_RULES)]:
         assert set(ours) == set(theirs)
     assert set(opt.TABLE3_TYPES) == {m.short for m in MappingType if m != MappingType.OPAQUE}
     assert set(opt.COLOURS) == {c.value for c in Colour}

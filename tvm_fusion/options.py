@@ -89,7 +89,7 @@ LAYOUT_POLICIES = ("reduction", "vector")  # layout.smartmem.POLICIES
 CONV_LAYOUTS = ("auto", "NCHWc", "NCHW")  # layout.conv_pack.POLICIES
 PROFILE_MODES = ("db", "measure", "off")  # tuning.oracle.MODES
 CONV_CHAINS = ("cost_model", "paper_1.05", "off")  # relay_passes.conv_chains.MODES
-APOLLO_RULES = ("practical", "paper")  # relay_passes.apollo
+APOLLO_RULES = ("practical", "paper")  # relay_passes.apollo.PROFILES
 APOLLO_BLOCKLIST = ("db", "memory")  # relay_passes.apollo_feedback.BLOCKLIST_MODES
 
 # Table 3's row/column types (MappingType.short, without Opaque) and colours; other spellings

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -69,3 +70,163 @@ def test_bad_input_is_one_line_exit_2(tmp_path, case, expected):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+# ---- issue 17 item 6: strict options, one-line errors, a check that knows dtypes and ties
+
+def _tiny_model(path, opset=17, dtype=TensorProto.FLOAT, nodes=None, shape=(2, 3),
+                out_shape=None, initializers=()):
+    """``y = Relu(x)`` (or ``nodes``) on a tiny tensor: cheap to import, build and check."""
+    nodes = nodes or [helper.make_node("Relu", ["x"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", dtype, shape)],
+                              [helper.make_tensor_value_info("y", dtype, out_shape or shape)],
+                              initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def _one_line_exit_2(result, expected):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["-O", "rewrite=maybe"], "option rewrite='maybe' is not a boolean; accepted: true or false"),
+    (["-O", "max_ops_per_block=2.5"],
+     "option max_ops_per_block='2.5' is not an integer; accepted: an integer >= 1"),
+    (["-O", "max_ops_per_block=abc"], "option max_ops_per_block='abc' is not an integer"),
+    (["-O", "flops_per_byte=abc"], "option flops_per_byte='abc' is not a number"),
+    (["-O", 'table3={"O2M,M2M": "blue"}'], "option table3: unknown colour 'blue'; accepted"),
+    (["-O", "table3=O2M:M2X=green"], "option table3: unknown mapping type 'M2X'"),
+    (["-O", "record=[]"], "option record cannot be set on the command line"),
+    (["--target", '{"kind": "llvm",'], "--target: invalid target '{\"kind\": \"llvm\",': "
+                                        "not valid JSON (Expecting property name"),
+])
+def test_bad_option_values_are_one_line_exit_2(tmp_path, args, expected):
+    # checked before the model is read: a missing file would be the other error
+    _one_line_exit_2(_run("report", str(tmp_path / "never_read.onnx"), *args), expected)
+
+
+def test_option_values_by_type():
+    """What each -O syntax becomes (in-process: the parsing, not a build)."""
+    from tvm_fusion.cli import _options, _parser
+
+    def options(*argv):
+        return _options(_parser().parse_args(["report", "m.onnx", *argv]))
+
+    assert options("-O", "fast_math=False", "-O", "layout=0", "-O", "rewrite=TRUE",
+                   "-O", "max_ops_per_block=8", "-O", "flops_per_byte=2") == {
+        "fast_math": False, "layout": False, "rewrite": True, "max_ops_per_block": 8,
+        "flops_per_byte": 2.0}
+    assert options("-O", "table3=O2M:O2M=green,M2M:O2M=red")["table3"] == {
+        ("O2M", "O2M"): "green", ("M2M", "O2M"): "red"}
+    assert options("-O", 'table3={"O2M,O2M": "green"}')["table3"] == {("O2M", "O2M"): "green"}
+    # --strategy wins when given; otherwise -O strategy is kept (it used to be overwritten)
+    assert options("-O", "strategy=apollo")["strategy"] == "apollo"
+    assert options("-O", "strategy=apollo", "--strategy", "tvm")["strategy"] == "tvm"
+    assert "strategy" not in options()
+
+
+def test_options_that_used_to_be_misread_now_work(tmp_path):
+    path = _tiny_model(tmp_path / "relu.onnx")
+    result = _run("report", str(path), "--no-check", "--json", "-O", "fast_math=False",
+                  "-O", "layout=False", "-O", "table3=O2M:O2M=green",
+                  "-O", 'table3={"O2M,O2M": "green"}')
+    assert result.returncode == 0, result.stderr
+    assert '"fused_kernels": 1' in result.stdout
+
+
+def test_compile_creates_missing_output_folders(tmp_path):
+    path = _tiny_model(tmp_path / "relu.onnx")
+    lib = tmp_path / "does" / "not" / "exist" / "relu.so"
+    result = _run("compile", str(path), "-o", str(lib))
+    assert result.returncode == 0, result.stderr
+    assert lib.stat().st_size > 0
+    _one_line_exit_2(_run("compile", str(path), "-o", str(tmp_path)), "is a folder")
+
+
+def test_opset_newer_than_onnx_defines_is_one_line(tmp_path):
+    path = _tiny_model(tmp_path / "future.onnx", opset=onnx.defs.onnx_opset_version() + 1)
+    _one_line_exit_2(_run("report", str(path)), "is newer than any this onnx")
+
+
+def test_report_checks_fp16_with_fp16_tolerances(tmp_path):
+    """MatMul -> Tanh -> Mul in fp16: TVM (stock and ours, bit-identical) and ONNX Runtime
+    differ by a few fp16 ulps (max 0.047 at 17.2), which fp32 tolerances called a failure."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float16), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Tanh", ["m"], ["t"]),
+             helper.make_node("Mul", ["t", "m"], ["y"])]
+    path = _tiny_model(tmp_path / "fp16.onnx", dtype=TensorProto.FLOAT16, nodes=nodes,
+                       shape=(8, 64), out_shape=(8, 32), initializers=[w])
+    result = _run("report", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "numerics:" in result.stdout
+
+
+def test_check_outputs_by_dtype_and_ties():
+    from tvm_fusion.report import check_outputs
+
+    ref = np.linspace(-4, 4, 64, dtype=np.float16)
+    two_ulp = np.nextafter(np.nextafter(ref, np.float16(np.inf)), np.float16(np.inf))
+    far = ref + np.float16(1)
+    assert check_outputs([two_ulp], [far], [ref]) == []  # fp16 tolerance, no help from stock
+    with pytest.raises(AssertionError, match="output 0 .*float32.* out of tolerance"):
+        as32 = [a.astype(np.float32) for a in (two_ulp, far, ref)]
+        check_outputs(*[[a] for a in as32])
+    # TopK indices: a tie broken another way than ONNX Runtime, as stock TVM does
+    vals = np.zeros((2, 2), np.float32)
+    idx_ort, idx_tvm = np.array([[0, 1], [2, 3]]), np.array([[1, 0], [2, 3]])
+    notes = check_outputs([vals, idx_tvm], [vals, idx_tvm], [vals, idx_ort])
+    assert len(notes) == 1 and notes[0].startswith("output 1 differs from ONNX Runtime")
+    # ... but an index that neither stock TVM nor the reference has is a failure
+    with pytest.raises(AssertionError, match=r"output 1 .*int64.*stock TVM differs by at most 1"):
+        check_outputs([vals, idx_tvm], [vals, idx_ort], [vals, idx_ort])
+
+
+def test_reference_that_cannot_run_is_one_line(tmp_path, monkeypatch):
+    from tvm_fusion import testing
+    from tvm_fusion.compile import ModelError
+    from tvm_fusion.report import make_report
+
+    def refuse(model, feeds):
+        raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : no kernel\nmore C++ detail")
+
+    monkeypatch.setattr(testing, "onnx_reference", refuse)
+    model = onnx.load(_tiny_model(tmp_path / "relu.onnx"))
+    with pytest.raises(ModelError, match=r"cannot run the model \(\[ONNXRuntimeError\].*"
+                                         r"no kernel\); --no-check skips the check$"):
+        make_report(model, "relu")
+
+
+@pytest.mark.parametrize("error, code, expected", [
+    (ValueError("bad input\nsecond line"), 2, "tvm-fusion: error: bad input"),
+    (PermissionError(13, "Permission denied"), 2, "tvm-fusion: error: [Errno 13]"),
+    (RuntimeError("Traceback (most recent call last):\n  0: f\nInternalError: boom"), 1,
+     "tvm-fusion: error: InternalError: boom (internal error RuntimeError; "
+     "TVM_FUSION_TRACEBACK=1"),
+    (KeyError("k"), 1, "tvm-fusion: error: 'k' (internal error KeyError"),
+])
+def test_every_error_is_one_line(monkeypatch, capsys, error, code, expected):
+    import tvm_fusion.cli as cli
+    from tvm_fusion.tuning import db_cli, tune_cli
+
+    def fail(_args):
+        raise error
+
+    monkeypatch.delenv("TVM_FUSION_TRACEBACK", raising=False)
+    for module, command in ((cli, "_cmd_demo"), (cli, "_cmd_report"), (cli, "_cmd_compile"),
+                            (cli, "_cmd_bench"), (tune_cli, "_cmd_tune"), (db_cli, "_cmd_stats")):
+        monkeypatch.setattr(module, command, fail)
+    for argv in (["demo"], ["report", "m.onnx"], ["compile", "m.onnx", "-o", "m.so"],
+                 ["bench", "m.onnx"], ["db", "stats"],
+                 ["tune", "m.onnx", "--tracker", "h:1", "--key", "k", "--work-dir", "w"]):
+        assert main(argv) == code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(expected), err

@@ -1,20 +1,28 @@
 """``tvm-fusion``: demo | compile | report | bench | tune | db.
 
-Bad input (a malformed ONNX file, an unsupported operator, an unknown option) is one line on
-stderr and exit code 2, never a traceback from inside TVM.
+Bad input (a malformed ONNX file, an unsupported operator, an unknown option or a bad value of
+one, a bad target, an unwritable output) is one line on stderr and exit code 2, never a
+traceback from inside TVM. A failed numerical check or an internal error (a bug, of ours or of
+TVM's) is one line too, with exit code 1; ``TVM_FUSION_TRACEBACK=1`` shows its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import __version__
 from .bench import ALL_VARIANTS
+from .options import check_options, parse_cli_options
 from .threads import use_physical_cores
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 1
+# The project's errors for bad input are ValueErrors (ModelError, OptionError, the profiling
+# database's and the tuner's errors); OSError covers unreadable inputs and unwritable outputs.
+BAD_INPUT = (ValueError, OSError, NotImplementedError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,31 +34,27 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, NotImplementedError) as err:
+    except BAD_INPUT as err:
         print(f"tvm-fusion: error: {_one_line(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except AssertionError as err:  # a numerical check failed: a bug, say so plainly
         print(f"tvm-fusion: numerical check failed: {_one_line(err)}", file=sys.stderr)
-        return 1
+        return EXIT_INTERNAL
+    except Exception as err:  # noqa: BLE001 (the last resort: a bug, still one line)
+        if os.environ.get("TVM_FUSION_TRACEBACK"):
+            raise
+        print(f"tvm-fusion: error: {_one_line(err)} (internal error {type(err).__name__}; "
+              f"TVM_FUSION_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 def _one_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def _parse_options(pairs: list[str] | None) -> dict:
-    """``--option key=value`` pairs; values are parsed as JSON when they parse, else strings."""
-    options = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise ValueError(f"option {pair!r} must be KEY=VALUE")
-        key, value = pair.split("=", 1)
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
+    """The first line of an error's message; of a message that carries a traceback (some of
+    TVM's do), the last line, which is the error itself."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(err).__name__
+    return lines[-1] if lines[0].startswith("Traceback (most recent call last)") else lines[0]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,10 +64,12 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(p):
         p.add_argument("--target", default="llvm", help="TVM target: kind, tag or JSON dict")
-        p.add_argument("--strategy", default="dnnfusion",
-                       help="dnnfusion | apollo | tvm (stock FuseOps)")
+        p.add_argument("--strategy", default=None,
+                       help="dnnfusion (default) | apollo | tvm (stock FuseOps)")
         p.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
-                       help="a tvm_fusion option (see docs/options.md), repeatable")
+                       help="a tvm_fusion option, repeatable; values by type: true/false, "
+                            "integers, numbers, names; table3=O2M:M2M=green,... "
+                            "(docs/options.md)")
         p.add_argument("--profile", choices=("off", "db", "measure"),
                        help="yellow cells: profiling database lookups, measuring misses, or off")
         p.add_argument("--profile-db", help="profiling database (default $TVM_FUSION_DB)")
@@ -81,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
 
     comp = sub.add_parser("compile", help="compile an ONNX model to a shared library")
     comp.add_argument("model")
-    comp.add_argument("-o", "--output", required=True)
+    comp.add_argument("-o", "--output", required=True,
+                      help="shared library to write (missing parent folders are created)")
     comp.add_argument("--tuned", metavar="DIR",
                       help="use the schedules 'tvm-fusion tune' left in DIR (no tuning)")
     common(comp)
@@ -124,6 +131,7 @@ def _cmd_bench(args) -> int:
     from .bench import run_bench, to_markdown
     from .zoo import zoo_models
 
+    _check_target(args.target)
     paths = [Path(p) for p in args.models] or zoo_models(args.models_dir)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     rows = run_bench(paths, args.target, variants, args.repeat, args.warmup, args.out)
@@ -133,8 +141,11 @@ def _cmd_bench(args) -> int:
 
 
 def _options(args) -> dict:
-    options = _parse_options(args.option)
-    options["strategy"] = args.strategy
+    """The tvm_fusion options of a command: ``-O`` pairs and the flags, checked here so that a
+    bad value fails before a model is loaded or built."""
+    options = parse_cli_options(args.option)
+    if getattr(args, "strategy", None) is not None:
+        options["strategy"] = args.strategy
     for flag, key in (("profile", "profile"), ("profile_db", "profile_db"),
                       ("latency_model", "latency_model")):
         if getattr(args, flag, None) is not None:
@@ -143,18 +154,50 @@ def _options(args) -> dict:
         options["rewrite"] = False
     if getattr(args, "no_layout", False):
         options["layout"] = False
+    # compile's --strategy none (tvm.compile's CPU default, no fusion) is no option of ours
+    check_options({k: v for k, v in options.items()
+                   if not (k == "strategy" and v == "none" and args.command == "compile")})
     return options
+
+
+def _check_target(target: str) -> None:
+    """``--target`` checked up front, so a typo fails before minutes of compiling."""
+    from .compile import to_target
+
+    try:
+        to_target(target)
+    except ValueError as err:
+        raise ValueError(f"--target: {err}") from None
+
+
+def _output_path(path: str) -> str:
+    """``-o``: missing parent folders are created (as ``--out`` folders are); a folder or an
+    unwritable place is one line naming ``-o``."""
+    from pathlib import Path
+
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"-o {path}: is a folder; give a file name such as model.so")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"-o {path}: cannot create {out.parent} ({err.strerror})") from None
+    if not os.access(out.parent, os.W_OK):
+        raise ValueError(f"-o {path}: {out.parent} is not writable")
+    return str(out)
 
 
 def _cmd_demo(args) -> int:
     from .models import BUILTIN_MODELS, get_builtin
     from .report import format_report, make_report
 
+    options = _options(args)
+    _check_target(args.target)
     names = list(BUILTIN_MODELS) if args.model == "all" else [args.model]
     for name in names:
         model = get_builtin(name)
         print(f"== built-in model '{name}': import -> plan -> compile -> run -> check", flush=True)
-        report = make_report(model, name, args.target, check=True, **_options(args))
+        report = make_report(model, name, args.target, check=True, **options)
         print(format_report(report, why=args.why))
         print(f"  result: {report.fused_kernels} kernels instead of {report.stock_kernels}, "
               f"outputs match the stock build and the ONNX reference", flush=True)
@@ -164,15 +207,18 @@ def _cmd_demo(args) -> int:
 def _cmd_compile(args) -> int:
     from .compile import compile_model, import_onnx, load_onnx
 
+    options = _options(args)
+    output = _output_path(args.output)
     if getattr(args, "tuned", None):
         from .tuning.tune_cli import compile_tuned_cmd
 
-        compile_tuned_cmd(args.model, args.tuned, args.output, args.target, _options(args))
+        compile_tuned_cmd(args.model, args.tuned, output, args.target, options)
         print(f"wrote {args.output}")
         return 0
+    _check_target(args.target)
     mod = import_onnx(load_onnx(args.model))
-    executable = compile_model(mod, args.target, **_options(args))
-    executable.export_library(args.output)
+    executable = compile_model(mod, args.target, **options)
+    executable.export_library(output)
     print(f"wrote {args.output}")
     return 0
 
@@ -185,6 +231,8 @@ def _cmd_report(args) -> int:
     from .compile import load_onnx
     from .report import format_report, make_report
 
+    options = _options(args)
+    _check_target(args.target)
     if args.zoo:
         return _cmd_zoo(args)
     if not args.models:
@@ -194,7 +242,7 @@ def _cmd_report(args) -> int:
         model = load_onnx(path)
         name = os.path.splitext(os.path.basename(path))[0]
         reports.append(make_report(model, name, args.target, check=not args.no_check,
-                                   **_options(args)))
+                                   **options))
     if args.json:
         print(json.dumps([r.to_json() for r in reports], indent=2))
     else:

@@ -42,7 +42,19 @@ def load_onnx(path: str | os.PathLike) -> onnx.ModelProto:
         onnx.checker.check_model(model)
     except Exception as err:
         raise ModelError(f"{path}: ONNX checker rejects the model ({_first_line(err)})") from None
+    _check_opset(path, model)
     return model
+
+
+def _check_opset(path: str, model: onnx.ModelProto) -> None:
+    """Refuse a default-domain opset newer than the installed ``onnx`` defines: the checker
+    lets it through, but no operator schema of it exists here, so neither the importer nor the
+    reference (ONNX Runtime refuses to load it) can know what its operators mean."""
+    newest = onnx.defs.onnx_opset_version()
+    for opset in model.opset_import:
+        if opset.domain in ("", "ai.onnx") and opset.version > newest:
+            raise ModelError(f"{path}: opset {opset.version} is newer than any this onnx "
+                             f"{onnx.__version__} defines (at most {newest})")
 
 
 def import_onnx(model: onnx.ModelProto, shape_dict: dict | None = None) -> tvm.IRModule:
@@ -69,7 +81,10 @@ def to_target(target) -> tvm.target.Target:
     if isinstance(target, str) and target.strip().startswith("{"):
         import json
 
-        target = json.loads(target)
+        try:
+            target = json.loads(target)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"invalid target {target!r}: not valid JSON ({err})") from None
     try:
         return tvm.target.Target(target)
     except Exception as err:

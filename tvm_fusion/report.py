@@ -11,9 +11,18 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import onnx
 
-from .compile import compile_model, count_kernels, fuse, graph_input_names, import_onnx, run
+from .compile import (
+    ModelError,
+    compile_model,
+    count_kernels,
+    fuse,
+    graph_input_names,
+    import_onnx,
+    run,
+)
 from .relay_passes.plan_fusion import ModulePlan
 
 
@@ -48,6 +57,9 @@ class ModelReport:
     conv_chains: list[dict] = field(default_factory=list)  # OptiFX candidates (conv_chains=…)
     max_error_vs_stock: float | None = None
     max_error_vs_onnx: float | None = None
+    # outputs that differ from ONNX Runtime the way stock TVM's do (ties in TopK/ArgMax indices,
+    # fp16 accumulation order): tvm_fusion agrees with stock TVM there, so the check passes
+    check_notes: list[str] = field(default_factory=list)
 
     @property
     def fusion_rate(self) -> float:
@@ -62,7 +74,7 @@ class ModelReport:
 def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", check: bool = True,
                 seed: int = 0, **options) -> ModelReport:
     """Plan, compile and (optionally) check one ONNX model."""
-    from .testing import compare, max_abs_error, onnx_reference, random_inputs
+    from .testing import max_abs_error, onnx_reference, random_inputs
 
     mod = import_onnx(model)
     stock_mod = fuse(mod, target, strategy="tvm")
@@ -113,11 +125,49 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         inputs = [feeds[k] for k in order]
         ours = run(compile_model(mod, target, **options), inputs)
         stock = run(compile_model(mod, target, strategy="tvm"), inputs)
-        reference = onnx_reference(model, feeds)
+        try:
+            reference = onnx_reference(model, feeds)
+        except Exception as err:  # noqa: BLE001 (ONNX Runtime raises its own untyped errors)
+            raise ModelError(f"{name}: the reference (ONNX Runtime) cannot run the model "
+                             f"({_first_line(err)}); --no-check skips the check") from None
         report.max_error_vs_stock = max_abs_error(ours, stock)
         report.max_error_vs_onnx = max_abs_error(ours, reference)
-        compare(ours, reference, rtol=1e-3, atol=1e-4)
+        report.check_notes = check_outputs(ours, stock, reference)
     return report
+
+
+def check_outputs(ours, stock, reference) -> list[str]:
+    """The numerical check: each output of tvm_fusion against the ONNX reference, with the
+    tolerance of its dtype (``testing.tolerance_for``; integers exact).
+
+    An output out of tolerance of the reference but within it of stock TVM's is not a fusion
+    error: it is a tie that TVM's TopK/ArgMax break another way than ONNX Runtime, or an
+    accumulation order of TVM's own. It passes with a note (returned) that says so; any other
+    difference raises ``AssertionError`` naming the output.
+    """
+    from .testing import compare, max_abs_error, tolerance_for
+
+    ours, stock, reference = list(ours), list(stock), list(reference)
+    if not len(ours) == len(stock) == len(reference):
+        raise AssertionError(f"tvm_fusion has {len(ours)} outputs, stock TVM {len(stock)}, "
+                             f"the reference {len(reference)}")
+    notes = []
+    for i, (out, base, ref) in enumerate(zip(ours, stock, reference, strict=True)):
+        rtol, atol = tolerance_for(np.asarray(ref).dtype)
+        try:
+            compare([out], [ref], rtol=rtol, atol=atol)
+            continue
+        except AssertionError as err:
+            vs_onnx = str(err).replace("output 0", f"output {i}", 1)
+        try:
+            compare([out], [base], rtol=rtol, atol=atol)
+        except AssertionError:
+            raise AssertionError(f"{vs_onnx} (ONNX Runtime's reference; stock TVM differs "
+                                 f"by at most {max_abs_error([out], [base]):.3g})") from None
+        notes.append(f"output {i} differs from ONNX Runtime (max abs err "
+                     f"{max_abs_error([out], [ref]):.3g}) as stock TVM's does; tvm_fusion "
+                     f"agrees with stock TVM (max abs err {max_abs_error([out], [base]):.3g})")
+    return notes
 
 
 def _plan_only(mod, target) -> ModulePlan:
@@ -149,6 +199,7 @@ def format_report(report: ModelReport, why: bool = False) -> str:
     if report.max_error_vs_onnx is not None:
         lines.append(f"  numerics: max |tvm_fusion - stock| = {report.max_error_vs_stock:.3g}, "
                      f"max |tvm_fusion - onnx| = {report.max_error_vs_onnx:.3g}")
+        lines += [f"    {note}" for note in report.check_notes]
     lines.append("  fusion blocks:")
     for block in report.blocks:
         lines.append(f"    #{block.kernel:<3d} {block.mapping_type:7s} "
@@ -194,8 +245,13 @@ def _chain_row(ecg, decision) -> dict:
             "measured": sc.rule.startswith("measured")}
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def _mb(num_bytes: int) -> str:
     return f"{num_bytes / 1e6:.3f} MB"
 
 
-__all__ = ["ModelReport", "make_report", "format_report"]
+__all__ = ["ModelReport", "make_report", "format_report", "check_outputs"]

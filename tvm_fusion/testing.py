@@ -231,6 +231,23 @@ def compare(
     return worst
 
 
+def tolerance_for(dtype) -> tuple[float, float]:
+    """``(rtol, atol)`` for checking a build's output of ``dtype`` against a reference.
+
+    A reduced-precision output is only as exact as its format: a one- or two-ulp difference in
+    fp16 is ~1e-3 relative (bf16: ~1e-2), which fp32 tolerances call a failure. Integers and
+    booleans (indices, masks, counts) must match exactly.
+    """
+    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    if name in ("float16", "half"):
+        return 1e-2, 1e-3
+    if name == "bfloat16":
+        return 5e-2, 1e-2
+    if name.startswith(("float", "complex")):
+        return 1e-3, 1e-4
+    return 0.0, 0.0
+
+
 # ---------------------------------------------------------------------------------------------
 # Single-operator models (DNNFusion Table 2 plus the ops the passes rely on)
 # ---------------------------------------------------------------------------------------------

@@ -15,75 +15,24 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .layout.conv_pack import POLICIES as CONV_LAYOUTS
 from .layout.conv_pack import PackConvs
-from .layout.smartmem import POLICIES as LAYOUT_POLICIES
 from .layout.smartmem import EliminateLayoutTransforms
-from .relay_passes.fusion_plan import SEED_POLICIES, AnalyticOracle, PlanOptions
+from .options import OPTIONS, check_options
+from .relay_passes.fusion_plan import AnalyticOracle, PlanOptions
 from .relay_passes.fusion_table import FusionTable
-from .relay_passes.mapping_type import BROADCAST_POLICIES, AnnotateMappingType
-from .relay_passes.plan_fusion import STRATEGIES, PlanFusion
+from .relay_passes.mapping_type import AnnotateMappingType
+from .relay_passes.plan_fusion import PlanFusion
 from .relay_passes.rewrite import RewriteByMathProperties
 from .tir_schedules.fused_block import ScheduleFusedBlocks
-from .tuning.oracle import MODES as PROFILE_MODES
 
 __all__ = [
     "Sequential", "PlanFusion", "AnnotateMappingType", "ScheduleFusedBlocks", "OPTIONS",
     "legalize_passes", "make_plan_options",
 ]
 
-# Every option of Sequential with its default (the paper's value where it gives one).
-OPTIONS = {
-    "strategy": "dnnfusion",  # "dnnfusion" | "apollo" | "tvm" (stock FuseOps, for comparison)
-    "broadcast_policy": "expanding_only",  # "expanding_only" | "strict" (paper-literal)
-    "seed_policy": "o2o_then_rest",  # "o2o_then_rest" | "paper"
-    "prefer_epilogues": True,  # elementwise chain between two anchors: 1st's epilogue
-    "max_ops_per_block": 64,  # the paper's unnamed "empirical threshold"
-    "table3": None,  # {(first, second): "green" | "yellow" | "red"} colour overrides
-    "flops_per_byte": 10.0,  # analytic yellow-cell oracle: recompute FLOPs one saved byte pays
-    "record": None,  # a list; each run appends its ModulePlan (for reports)
-    "schedule": True,  # CPU targets: ScheduleFusedBlocks after FuseTIR (one loop nest/block)
-    "fast_math": True,  # scheduled CPU code: vectorisable exp/erf/tanh/sigmoid (~1e-7 rel. err)
-    "rewrite": True,  # DNNFusion §4.2: RewriteByMathProperties before legalisation
-    "rewrite_rules": None,  # rule names (None: all); see docs/rewrite.md
-    "allow_fp_reassociation": True,  # False: only rewrites exact in IEEE arithmetic
-    "rewrite_record": None,  # a list; each run appends its RewriteStats
-    "layout": True,  # SmartMem: EliminateLayoutTransforms before planning
-    "layout_policy": "reduction",  # "reduction" (the paper) | "vector"
-    "layout_copies": 1,  # extra layouts a producer may write for several consumers
-    "conv_layout": "auto",  # CPU convs: "auto" (NCHW[x]c unless grouped convs) | "NCHWc" | "NCHW"
-    "profile": "db",  # yellow cells: "db" (look up) | "measure" (and measure misses) | "off"
-    "profile_db": None,  # path of the profiling database (None: $TVM_FUSION_DB or ~/.cache)
-    "latency_model": None,  # path of a trained XGBoost latency model (tvm_fusion.tuning)
-    "conv_chains": "off",  # OptiFX conv→conv: "cost_model" | "paper_1.05" | "off" (docs/optifx.md)
-    # Apollo (strategy="apollo"; docs/apollo.md)
-    "apollo_rules": "practical",  # "practical" | "paper" (Table 1 exactly)
-    "apollo_layers": 3,  # 1: partition + Layer I, 2: + memory stitching, 3: + parallel stitching
-    "apollo_max_branches": 7,  # Layer III: branches per stitched kernel (the paper's 7)
-    "apollo_stitch_bytes": 32 << 20,  # Layer III resource check: working set of a packed kernel
-    "apollo_schedule_budget_s": 60.0,  # feedback: a schedule taking longer splits its partition
-    "apollo_feedback_rounds": 4,  # feedback: at most this many plan/build rounds
-    "apollo_blocklist": "db",  # "db" (persisted with profile_db) | "memory"
-    "apollo_fail_hook": None,  # fail_hook(name, primfunc) -> bool: inject schedule failures
-}
-_CHOICES = {"strategy": STRATEGIES, "broadcast_policy": BROADCAST_POLICIES,
-            "seed_policy": SEED_POLICIES, "layout_policy": LAYOUT_POLICIES,
-            "profile": PROFILE_MODES, "conv_chains": ("cost_model", "paper_1.05", "off"),
-            "conv_layout": CONV_LAYOUTS,
-            "apollo_rules": ("practical", "paper"),
-            "apollo_blocklist": ("db", "memory")}
-
-
-def _check_options(options: dict) -> dict:
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"unknown tvm_fusion option {unknown[0]!r}; valid options: {', '.join(OPTIONS)}")
-    merged = {**OPTIONS, **options}
-    for key, choices in _CHOICES.items():
-        if merged[key] not in choices:
-            raise ValueError(f"option {key}={merged[key]!r} is not one of {choices}")
-    return merged
+# The options' table (names, types, accepted values, defaults) and their checking live in
+# tvm_fusion.options; OPTIONS (name -> default) stays importable from here.
+_check_options = check_options  # the old private name; layout/pipeline.py still calls it
 
 
 def make_plan_options(**options) -> PlanOptions:
@@ -95,7 +44,7 @@ def make_plan_options(**options) -> PlanOptions:
     """
     from .tuning.oracle import make_oracle
 
-    opts = _check_options(options)
+    opts = check_options(options)
     if not opts["schedule"]:
         schedule_id = "unscheduled"
     else:
@@ -123,14 +72,15 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
         The build target (a ``Target``, a tag/kind string or a dict); defaults to
         ``Target.current()`` and then ``llvm``. Library dispatch (sort/scan/sampling) follows it.
     **options
-        See :data:`OPTIONS`; an unknown option raises ``ValueError`` naming it.
+        See :data:`OPTIONS` and docs/options.md; an unknown option, or a value of the wrong
+        type or outside the accepted set, raises ``ValueError`` naming it.
 
     Returns
     -------
     tvm.transform.Pass
         A pass that composes with ``tvm.transform.Sequential`` and ``PassContext``.
     """
-    opts = _check_options(options)
+    opts = check_options(options)
     plan_options = make_plan_options(**opts)
     resolved = _resolve_target(target)
 

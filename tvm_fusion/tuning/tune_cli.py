@@ -52,17 +52,18 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _cmd_tune(args) -> int:
-    from ..cli import _parse_options
     from ..compile import import_onnx, load_onnx
+    from ..options import parse_cli_options
     from .tune import TuneConfig, tune
 
+    options = parse_cli_options(args.option)  # a bad -O fails before the model loads
     mod = import_onnx(load_onnx(args.model))
     profile_db = "" if (args.profile_db or "").lower() == "none" else args.profile_db
     cfg = TuneConfig(tracker=args.tracker, key=args.key, target=args.target,
                      target_host=args.target_host, trials=args.trials, work_dir=args.work_dir,
                      trials_per_iter=args.trials_per_iter, session_timeout_s=args.timeout,
                      number=args.number, repeat=args.repeat, profile_db=profile_db,
-                     options=_parse_options(args.option), progress=not args.no_progress,
+                     options=options, progress=not args.no_progress,
                      seed=args.seed)
     result = tune(mod, cfg)
     print(f"tuned {len(result.kernels)} fused kernels on {result.servers} server(s) under "

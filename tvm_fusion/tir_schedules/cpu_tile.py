@@ -82,6 +82,8 @@ def plan_tile(facts: BlockFacts, shapes: dict, params: CpuParams) -> TilePlan | 
     v = live[-1]
     if facts.write_indices and not index_uses(facts.write_indices[-1:], v):
         return None  # the output is not contiguous along v
+    if v.name in facts.symbolic_iters:
+        return None  # lanes must divide the vector axis; a symbolic one is a row reduction
     movers, others = [], []
     for read in facts.reads:
         if index_uses(read.indices, v):
@@ -169,8 +171,8 @@ def _row_major_neighbour(facts: BlockFacts, v, movers, shapes):
     if position == 0:
         return None
     w = facts.spatial[position - 1]
-    if facts.extents[w.name] <= 1:
-        return None
+    if facts.extents[w.name] <= 1 or w.name in facts.symbolic_iters:
+        return None  # (a symbolic w: the fused axis' vector tile might not divide it)
     units = [k for k in facts.reduce if facts.extents[k.name] == 1]
     checks = [(facts.write_indices, shapes.get(facts.write))]
     checks += [(r.indices, shapes.get(r.buffer)) for r in movers]

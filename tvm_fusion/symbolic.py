@@ -30,8 +30,8 @@ DEFAULT_EXTENT = 128
 # dim_param names taken as a batch dimension (case-insensitive, whole name)
 BATCH_NAME = re.compile(r"(batch(_?size)?|bs|n|b|num_batches|unk__\d+_batch)", re.IGNORECASE)
 
-_HINTS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
-    "tvm_fusion_symbolic_hints", default={})
+_HINTS: contextvars.ContextVar[Mapping[str, int] | None] = contextvars.ContextVar(
+    "tvm_fusion_symbolic_hints", default=None)
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_EXTENT", "check_hints", "concrete_shape", "extent",
            "is_static", "numel", "symbolic_hints", "var_size"]
@@ -55,7 +55,7 @@ def check_hints(hints) -> dict[str, int]:
 @contextlib.contextmanager
 def symbolic_hints(hints: Mapping[str, int] | None) -> Iterator[None]:
     """Within the block, symbolic variables named in ``hints`` evaluate to the given sizes."""
-    token = _HINTS.set({**_HINTS.get(), **check_hints(hints)})
+    token = _HINTS.set({**(_HINTS.get() or {}), **check_hints(hints)})
     try:
         yield
     finally:
@@ -64,7 +64,7 @@ def symbolic_hints(hints: Mapping[str, int] | None) -> Iterator[None]:
 
 def var_size(name: str) -> int:
     """The representative size of the symbolic variable ``name`` (see the module docstring)."""
-    hints = _HINTS.get()
+    hints = _HINTS.get() or {}
     if name in hints:
         return int(hints[name])
     return DEFAULT_BATCH if BATCH_NAME.fullmatch(name) else DEFAULT_EXTENT

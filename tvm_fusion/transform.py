@@ -24,6 +24,8 @@ from .relay_passes.fusion_table import FusionTable
 from .relay_passes.mapping_type import BROADCAST_POLICIES, AnnotateMappingType
 from .relay_passes.plan_fusion import STRATEGIES, PlanFusion
 from .relay_passes.rewrite import RewriteByMathProperties
+from .symbolic import check_hints, symbolic_hints
+from .target import warn_if_bare_llvm
 from .tir_schedules.fused_block import ScheduleFusedBlocks
 from .tuning.oracle import MODES as PROFILE_MODES
 
@@ -55,6 +57,7 @@ OPTIONS = {
     "profile": "db",  # yellow cells: "db" (look up) | "measure" (and measure misses) | "off"
     "profile_db": None,  # path of the profiling database (None: $TVM_FUSION_DB or ~/.cache)
     "latency_model": None,  # path of a trained XGBoost latency model (tvm_fusion.tuning)
+    "symbolic_hint": None,  # {"seq": 128}: sizes symbolic dims are costed at (tvm_fusion.symbolic)
     "conv_chains": "off",  # OptiFX conv→conv: "cost_model" | "paper_1.05" | "off" (docs/optifx.md)
     # Apollo (strategy="apollo"; docs/apollo.md)
     "apollo_rules": "practical",  # "practical" | "paper" (Table 1 exactly)
@@ -122,6 +125,8 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
     target
         The build target (a ``Target``, a tag/kind string or a dict); defaults to
         ``Target.current()`` and then ``llvm``. Library dispatch (sort/scan/sampling) follows it.
+        A bare ``llvm`` on x86-64 (SSE2) warns once: name the CPU
+        (:func:`tvm_fusion.target.host_target` for this machine).
     **options
         See :data:`OPTIONS`; an unknown option raises ``ValueError`` naming it.
 
@@ -133,10 +138,14 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
     opts = _check_options(options)
     plan_options = make_plan_options(**opts)
     resolved = _resolve_target(target)
+    hints = check_hints(opts["symbolic_hint"])
+    if resolved is not None:
+        warn_if_bare_llvm(resolved)  # once per process: "llvm" on x86-64 is SSE2
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Sequential")
     def _sequential(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = resolved or tvm.target.Target.current() or tvm.target.Target("llvm")
+        warn_if_bare_llvm(tgt)
         ours = opts["strategy"] != "tvm"  # "tvm" is stock TVM's graph passes, kept pure
         passes = []
         if ours and opts["rewrite"]:
@@ -157,7 +166,7 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
         # ---- Apollo: plan → FuseTIR → schedule with feedback, in one pass (apollo_feedback.py)
         if opts["strategy"] == "apollo":
             passes.append(_apollo_pass(opts, tgt))
-            with tgt:
+            with tgt, symbolic_hints(hints):
                 return tvm.transform.Sequential(passes)(mod)
         # ---- end Apollo
         passes += [
@@ -166,7 +175,7 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
         ]
         if opts["schedule"] and tgt.kind.name == "llvm":
             passes.append(ScheduleFusedBlocks(tgt, fast_math=bool(opts["fast_math"])))
-        with tgt:
+        with tgt, symbolic_hints(hints):  # symbolic dims' sizes for every cost decision
             return tvm.transform.Sequential(passes)(mod)
 
     return _sequential

@@ -242,14 +242,28 @@ def _make_node(index, pos, var, call, weight_params, policy, cache) -> ECGNode |
         op_name = call.op.name if isinstance(call.op, tvm.ir.Op) else str(call.op)
         flops, fusible = 0, False
     fusible = fusible and found.mapping_type is not MappingType.OPAQUE
+    reason = found.reason
+    if fusible and call.op.same_as(_CALL_TIR) and _takes_sizes(call):
+        # FuseTIR drops the fused call's result shape when a member takes symbolic sizes as
+        # arguments (``call_tir(f, (x, seq))``, a PrimValue): stock FuseOps never fuses one
+        fusible = False
+        reason = "takes symbolic sizes as arguments (FuseTIR loses the result's shape)"
     return ECGNode(
         index=index, binding_index=pos, var=var, op_name=op_name,
-        mapping_type=found.mapping_type, reason=found.reason, fusible=fusible,
+        mapping_type=found.mapping_type, reason=reason, fusible=fusible,
         out_shapes=out_shapes, out_dtypes=out_dtypes, irs_bytes=numel_bytes, flops=flops,
         weight_inputs=tuple(sorted(weights)),
         in_elements=sum(shape_numel(s) or 0 for a in args for s in _result_types(a.ty)[0]
                         if s is not None),
     )
+
+
+def _takes_sizes(call: relax.Call) -> bool:
+    """A ``call_tir`` with ``tir_vars`` or a non-tensor argument (a symbolic size)."""
+    if len(call.args) > 2 and call.args[2] is not None:
+        return True
+    return any(not isinstance(a.ty, (relax.TensorType, relax.TupleType))
+               for a in _call_inputs(call))
 
 
 def _is_tensor_op(call: relax.Call) -> bool:

@@ -169,6 +169,14 @@ def test_cli_report_and_compile_with_input_shape(tmp_path, capsys):
     assert cli_main(["report", str(path), "--target", "llvm", "--input-shape", "x=2,5"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not fit" in err[0]
+    # one --input-shape list serves several models; a name no model has is an error
+    conv = tmp_path / "conv.onnx"
+    onnx.save(conv_net(), conv)
+    assert cli_main(["report", str(path), str(conv), "--target", "llvm", "--no-check",
+                     "--input-shape", "seq=3", "--input-shape", "batch=2"]) == 0
+    capsys.readouterr()
+    assert cli_main(["report", str(conv), "--target", "llvm", "--input-shape", "seq=3"]) == 2
+    assert "no model has an input" in capsys.readouterr().err
     lib = tmp_path / "mlp.so"
     assert cli_main(["compile", str(path), "--target", "llvm", "-o", str(lib)]) == 0
     ex = tvm.runtime.load_module(str(lib))

@@ -174,14 +174,15 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
     compiled symbolic and run at ``input_shapes`` (:func:`tvm_fusion.testing.run_shapes`)."""
     use_physical_cores()
     from .compile import graph_input_names, load_onnx
-    from .testing import max_abs_error, onnx_reference, random_inputs, run_shapes
+    from .testing import max_abs_error, onnx_reference, random_inputs, run_shapes, shapes_for
 
     unknown = sorted(set(variants) - set(ALL_VARIANTS))
     if unknown:
         raise ValueError(f"unknown bench variant {unknown[0]!r}; expected {ALL_VARIANTS}")
     name = Path(path).stem
     model = load_onnx(path)
-    feeds = random_inputs(model, seed=seed, shape_overrides=run_shapes(model, input_shapes))
+    feeds = random_inputs(model, seed=seed, shape_overrides=run_shapes(
+        model, shapes_for(model, input_shapes)))
     inputs = [feeds[k] for k in graph_input_names(model)]
     reference = onnx_reference(model, feeds)
     calls, errors, skipped = {}, {}, {}

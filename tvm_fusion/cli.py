@@ -151,16 +151,32 @@ def _parse_input_shapes(pairs: list[str] | None) -> dict | None:
     return shapes
 
 
+def _check_shape_names(shapes: dict | None, models: list) -> None:
+    """Every ``--input-shape`` name must belong to one of the models (each model gets the
+    entries that name its own inputs and dimensions)."""
+    from .testing import shape_names
+
+    known = set().union(*(shape_names(m) for m in models)) if models else set()
+    unknown = sorted(set(shapes or {}) - known)
+    if unknown:
+        raise ValueError(f"--input-shape {unknown[0]!r}: no model has an input or symbolic "
+                         f"dimension of that name (they have: {', '.join(sorted(known))})")
+
+
 def _cmd_bench(args) -> int:
     from pathlib import Path
 
     from .bench import run_bench, to_markdown
+    from .compile import load_onnx
     from .zoo import zoo_models
 
     paths = [Path(p) for p in args.models] or zoo_models(args.models_dir)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    shapes = _parse_input_shapes(args.input_shape)
+    if shapes:
+        _check_shape_names(shapes, [load_onnx(p) for p in paths])
     rows = run_bench(paths, args.target, variants, args.repeat, args.warmup, args.out,
-                     input_shapes=_parse_input_shapes(args.input_shape))
+                     input_shapes=shapes)
     print(to_markdown(rows))
     print(f"wrote {args.out}/bench.json, bench.md, bench.png")
     return 0
@@ -223,13 +239,17 @@ def _cmd_report(args) -> int:
         return _cmd_zoo(args)
     if not args.models:
         raise ValueError("report needs ONNX files, or --zoo")
+    from .testing import shapes_for
+
     reports = []
     shapes = _parse_input_shapes(args.input_shape)
-    for path in tqdm(args.models, desc="report", unit="model", disable=len(args.models) < 2):
-        model = load_onnx(path)
+    models = [load_onnx(path) for path in args.models]
+    _check_shape_names(shapes, models)
+    for path, model in tqdm(list(zip(args.models, models)), desc="report", unit="model",
+                            disable=len(args.models) < 2):
         name = os.path.splitext(os.path.basename(path))[0]
         reports.append(make_report(model, name, args.target, check=not args.no_check,
-                                   input_shapes=shapes, **_options(args)))
+                                   input_shapes=shapes_for(model, shapes), **_options(args)))
     if args.json:
         print(json.dumps([r.to_json() for r in reports], indent=2))
     else:

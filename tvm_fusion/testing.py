@@ -52,6 +52,8 @@ __all__ = [
     "random_dag_models",
     "random_inputs",
     "run_shapes",
+    "shape_names",
+    "shapes_for",
     "run_tvm_stock",
     "single_op_model",
 ]
@@ -83,6 +85,23 @@ def _static_shape(vi: onnx.ValueInfoProto, overrides: dict | None) -> tuple[int,
                 f"pass shape_overrides={{{vi.name!r}: [...]}} or {{{label!r}: n}}"
             )
     return tuple(shape)
+
+
+def shape_names(model: onnx.ModelProto) -> set[str]:
+    """Names an input shape may be given for: graph inputs and ``dim_param`` dimensions."""
+    inputs = _graph_inputs(model)
+    return {vi.name for vi in inputs} | {
+        d.dim_param for vi in inputs for d in vi.type.tensor_type.shape.dim
+        if d.HasField("dim_param") and d.dim_param}
+
+
+def shapes_for(model: onnx.ModelProto, overrides: dict | None) -> dict | None:
+    """The entries of ``overrides`` that name an input or dimension of ``model`` (one
+    ``--input-shape`` list serves several models)."""
+    if not overrides:
+        return overrides
+    names = shape_names(model)
+    return {k: v for k, v in overrides.items() if k in names}
 
 
 def run_shapes(model: onnx.ModelProto, overrides: dict | None = None) -> dict:

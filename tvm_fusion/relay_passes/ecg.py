@@ -259,11 +259,11 @@ def _make_node(index, pos, var, call, weight_params, policy, cache) -> ECGNode |
 
 
 def _takes_sizes(call: relax.Call) -> bool:
-    """A ``call_tir`` with ``tir_vars`` or a non-tensor argument (a symbolic size)."""
+    """A ``call_tir`` with ``tir_vars`` or a non-tensor argument holding a symbolic size."""
     if len(call.args) > 2 and call.args[2] is not None:
         return True
     return any(not isinstance(a.ty, (relax.TensorType, relax.TupleType))
-               for a in _call_inputs(call))
+               and relax.analysis.free_symbolic_vars(a) for a in _call_inputs(call))
 
 
 def _is_tensor_op(call: relax.Call) -> bool:

@@ -23,7 +23,8 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 
-from tvm import sym, tirx
+import tvm
+from tvm import relax, sym, tirx
 
 DEFAULT_BATCH = 1
 DEFAULT_EXTENT = 128
@@ -34,7 +35,7 @@ _HINTS: contextvars.ContextVar[Mapping[str, int] | None] = contextvars.ContextVa
     "tvm_fusion_symbolic_hints", default=None)
 
 __all__ = ["DEFAULT_BATCH", "DEFAULT_EXTENT", "check_hints", "concrete_shape", "extent",
-           "is_static", "numel", "symbolic_hints", "var_size"]
+           "is_static", "numel", "symbolic_hints", "takes_sizes", "var_size"]
 
 
 def check_hints(hints) -> dict[str, int]:
@@ -142,3 +143,20 @@ def specialize(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return func.specialize(mapping)
     except Exception:  # noqa: BLE001 (an exotic signature: count at size 1 rather than fail)
         return func
+
+
+def takes_sizes(call) -> bool:
+    """A ``call_tir`` that takes sizes as arguments: ``tir_vars``, or a non-tensor argument (in
+    TVM 0.27 a symbolic size travels as a ``PrimType`` variable). FuseTIR loses a fused call's
+    result shape, or the size itself, when such a call joins a group (stock FuseOps keeps it
+    alone), so no fusion groups one."""
+    if not (isinstance(call, relax.Call) and call.op.same_as(_CALL_TIR)):
+        return False
+    if len(call.args) > 2 and call.args[2] is not None:
+        return True
+    args = call.args[1]
+    args = list(args.fields) if isinstance(args, relax.Tuple) else [args]
+    return any(not isinstance(a.ty, (relax.TensorType, relax.TupleType)) for a in args)
+
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")

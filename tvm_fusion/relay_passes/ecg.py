@@ -17,7 +17,7 @@ from tvm import relax, tirx
 from tvm.ir.expr import GenericConst
 from tvm.s_tir.analysis import estimate_tir_flops
 
-from ..symbolic import concrete_shape, specialize
+from ..symbolic import concrete_shape, specialize, takes_sizes
 from ..tir_utils import shape_numel
 from .mapping_type import (
     Classification,
@@ -243,7 +243,7 @@ def _make_node(index, pos, var, call, weight_params, policy, cache) -> ECGNode |
         flops, fusible = 0, False
     fusible = fusible and found.mapping_type is not MappingType.OPAQUE
     reason = found.reason
-    if fusible and call.op.same_as(_CALL_TIR) and _takes_sizes(call):
+    if fusible and takes_sizes(call):
         # FuseTIR drops the fused call's result shape when a member takes symbolic sizes as
         # arguments (``call_tir(f, (x, seq))``, a PrimValue): stock FuseOps never fuses one
         fusible = False
@@ -256,14 +256,6 @@ def _make_node(index, pos, var, call, weight_params, policy, cache) -> ECGNode |
         in_elements=sum(shape_numel(s) or 0 for a in args for s in _result_types(a.ty)[0]
                         if s is not None),
     )
-
-
-def _takes_sizes(call: relax.Call) -> bool:
-    """A ``call_tir`` with ``tir_vars`` or a non-tensor argument holding a symbolic size."""
-    if len(call.args) > 2 and call.args[2] is not None:
-        return True
-    return any(not isinstance(a.ty, (relax.TensorType, relax.TupleType))
-               and relax.analysis.free_symbolic_vars(a) for a in _call_inputs(call))
 
 
 def _is_tensor_op(call: relax.Call) -> bool:

@@ -72,6 +72,7 @@ def test_encoder_layer():
     for name, func in _prim_funcs(fused).items():
         notes = " ".join(func.attrs[SCHEDULE_ATTR])
         assert "not analysable" not in notes, (name, notes)
+        assert FALLBACK_ATTR not in func.attrs, (name, func.attrs[FALLBACK_ATTR])
 
 
 def test_decoder_block_with_causal_mask():

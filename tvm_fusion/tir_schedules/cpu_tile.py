@@ -237,6 +237,10 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
     facts = block_facts(sch, block_rv)
     name = facts.name
     notes = [plan.describe()]
+    if plan.u is not None and plan.u in facts.symbolic_iters and not plan.u_window \
+            and len(plan.v_fused) == 1:
+        notes += _pad_symbolic_rows(sch, block_rv, plan)
+        facts = block_facts(sch, block_rv)
     ready = _written_before(sch, block_rv)
     wb = sch.cache_write(block_rv, 0, "local")
     done = [name, sch.get(wb).name_hint]
@@ -315,6 +319,20 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
         done += [sch.get(init).name_hint, sch.get(block_rv).name_hint]
         _vectorize_last(sch, init, params)
     return done, notes
+
+
+def _pad_symbolic_rows(sch: s_tir.Schedule, block_rv, plan: TilePlan) -> list[str]:
+    """Pad a symbolic register axis to a multiple of the register tile (``pad_einsum``: the
+    operand copied once with zero rows, the result copied back): the tile then divides it, so
+    the accumulator needs no remainder guard, which would keep TVM from shrinking it to the
+    tile (it stayed ``(1, seq, 32)`` in memory instead of ``(1, 8, 32)`` in registers)."""
+    block = sch.get(block_rv)
+    pads = [plan.rt if iv.var.name == plan.u else 1 for iv in block.iter_vars]
+    try:
+        sch.pad_einsum(block_rv, pads)
+    except s_tir.ScheduleError:
+        return []
+    return [f"{plan.u} padded to a multiple of {plan.rt} rows"]
 
 
 def deinterleave_strided(sch: s_tir.Schedule, block_rv, facts: BlockFacts,

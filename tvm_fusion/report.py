@@ -116,9 +116,10 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         report.conv_chains += [_chain_row(plan.ecg, d) for d in getattr(plan, "conv_chains", [])]
 
     with symbolic_hints(options.get("symbolic_hint")):
-        shapes = run_shapes(model, input_shapes)
-    report.run_shapes = {k: list(v) if isinstance(v, tuple) else v for k, v in shapes.items()}
+        shapes = run_shapes(model, input_shapes)  # validated even when nothing runs
     if check:
+        report.run_shapes = {k: list(v) if isinstance(v, tuple) else v
+                             for k, v in shapes.items()}
         feeds = random_inputs(model, seed=seed, shape_overrides=shapes)
         order = graph_input_names(model)
         inputs = [feeds[k] for k in order]

@@ -165,21 +165,24 @@ def _torch_runner(name: str, feeds: dict):
 
 
 def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARIANTS,
-                repeat: int = 10, warmup: int = 2, seed: int = 0, progress=None):
+                repeat: int = 10, warmup: int = 2, seed: int = 0, progress=None,
+                input_shapes: dict | None = None):
     """Time every variant of one ONNX model; returns a list of :class:`Measurement`.
 
     Every runtime gets the same threads, one per physical core (TVM's own default is half the
-    hardware threads on x86: :mod:`tvm_fusion.threads`)."""
+    hardware threads on x86: :mod:`tvm_fusion.threads`). A model with symbolic dimensions is
+    compiled symbolic and run at ``input_shapes`` (:func:`tvm_fusion.testing.run_shapes`)."""
     use_physical_cores()
     from .compile import graph_input_names, load_onnx
-    from .testing import max_abs_error, onnx_reference, random_inputs
+    from .testing import max_abs_error, onnx_reference, random_inputs, run_shapes, shapes_for
 
     unknown = sorted(set(variants) - set(ALL_VARIANTS))
     if unknown:
         raise ValueError(f"unknown bench variant {unknown[0]!r}; expected {ALL_VARIANTS}")
     name = Path(path).stem
     model = load_onnx(path)
-    feeds = random_inputs(model, seed=seed)
+    feeds = random_inputs(model, seed=seed, shape_overrides=run_shapes(
+        model, shapes_for(model, input_shapes)))
     inputs = [feeds[k] for k in graph_input_names(model)]
     reference = onnx_reference(model, feeds)
     calls, errors, skipped = {}, {}, {}
@@ -207,18 +210,21 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
 
 
 def run_bench(paths: list[Path], target="llvm", variants=ALL_VARIANTS, repeat=10, warmup=2,
-              out_dir: str | os.PathLike = "out/bench") -> list[Measurement]:
+              out_dir: str | os.PathLike = "out/bench", input_shapes: dict | None = None
+              ) -> list[Measurement]:
     """Bench several models with one progress bar; writes JSON, Markdown and a PNG chart."""
     from tqdm import tqdm
 
     rows: list[Measurement] = []
     with tqdm(total=len(paths) * len(variants), desc="bench", unit="run") as bar:
         for path in paths:
-            rows += bench_model(path, target, variants, repeat, warmup, progress=bar)
+            rows += bench_model(path, target, variants, repeat, warmup, progress=bar,
+                                input_shapes=input_shapes)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "bench.json", json.dumps(
-        {"target": str(target), "repeat": repeat, "warmup": warmup, "machine": machine(),
+        {"target": str(target), "input_shapes": input_shapes or {}, "repeat": repeat,
+         "warmup": warmup, "machine": machine(),
          "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
     atomic_write_text(out / "bench.md", to_markdown(rows) + "\n")
     plot(rows, out / "bench.png")

@@ -16,6 +16,7 @@ import sys
 from . import __version__
 from .bench import ALL_VARIANTS
 from .options import check_options, parse_cli_options
+from .target import NATIVE, host_target
 from .threads import use_physical_cores
 
 EXIT_BAD_INPUT = 2
@@ -23,6 +24,10 @@ EXIT_INTERNAL = 1
 # The project's errors for bad input are ValueErrors (ModelError, OptionError, the profiling
 # database's and the tuner's errors); OSError covers unreadable inputs and unwritable outputs.
 BAD_INPUT = (ValueError, OSError, NotImplementedError)
+# commands whose --target defaults to (and whose "native" means) the host CPU
+_HOST_DEFAULT = ("demo", "compile", "report", "bench")
+_TARGET_HELP = ("TVM target: kind, tag or JSON dict; default (or 'native'): this machine's CPU, "
+                "{\"kind\": \"llvm\", \"mcpu\": <host CPU>, \"num-cores\": <cores>}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     try:
+        if args.command in _HOST_DEFAULT and getattr(args, "target", None) in (None, NATIVE):
+            args.target = host_target()  # the CPU this runs on, not SSE2 (tvm_fusion.target)
         return args.func(args)
     except BAD_INPUT as err:
         print(f"tvm-fusion: error: {_one_line(err)}", file=sys.stderr)
@@ -63,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
 
     def common(p):
-        p.add_argument("--target", default="llvm", help="TVM target: kind, tag or JSON dict")
+        p.add_argument("--target", default=None, help=_TARGET_HELP)
         p.add_argument("--strategy", default=None,
                        help="dnnfusion (default) | apollo | tvm (stock FuseOps)")
         p.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
@@ -103,18 +110,20 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", action="store_true", help="print JSON instead of text")
     rep.add_argument("--why", action="store_true", help="print every rejected pair and why")
     rep.add_argument("--no-check", action="store_true", help="skip the numerical check")
+    _input_shape_arg(rep)
     common(rep)
     rep.set_defaults(func=_cmd_report)
     bench = sub.add_parser("bench", help="latency side by side: stock TVM, tvm_fusion, "
                                          "ONNX Runtime, PyTorch")
     bench.add_argument("models", nargs="*", help="ONNX files (default: the zoo folder)")
     bench.add_argument("--models-dir", help="zoo folder (default $TVM_FUSION_MODELS or ./models)")
-    bench.add_argument("--target", default="llvm", help="TVM target: kind, tag or JSON dict")
+    bench.add_argument("--target", default=None, help=_TARGET_HELP)
     bench.add_argument("--variants", default=",".join(ALL_VARIANTS),
                        help=f"comma-separated subset of {','.join(ALL_VARIANTS)}")
     bench.add_argument("--repeat", type=int, default=10)
     bench.add_argument("--warmup", type=int, default=2)
     bench.add_argument("--out", default="out/bench", help="where JSON, Markdown and PNG go")
+    _input_shape_arg(bench)
     bench.set_defaults(func=_cmd_bench)
 
     from .tuning.db_cli import add_db_parser
@@ -125,16 +134,57 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _input_shape_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
+                   help="run a model with symbolic dimensions at this shape: a graph input's "
+                        "full shape (x=1,128,64) or one dim_param's size (seq=128); repeatable. "
+                        "The model is compiled symbolic; unnamed dims run at 1 (batch) or 128")
+
+
+def _parse_input_shapes(pairs: list[str] | None) -> dict | None:
+    """``--input-shape`` values: ``NAME=1,128`` -> ``{NAME: (1, 128)}``, ``seq=7`` -> 7."""
+    if not pairs:
+        return None
+    shapes: dict = {}
+    for pair in pairs:
+        name, _, dims = pair.partition("=")
+        try:
+            sizes = tuple(int(d) for d in dims.replace("x", ",").split(","))
+        except ValueError:
+            sizes = ()
+        if not name.strip() or not sizes or min(sizes) < 1:
+            raise ValueError(f"--input-shape {pair!r} must be NAME=D0,D1,... (positive ints)")
+        shapes[name.strip()] = sizes[0] if len(sizes) == 1 else sizes
+    return shapes
+
+
+def _check_shape_names(shapes: dict | None, models: list) -> None:
+    """Every ``--input-shape`` name must belong to one of the models (each model gets the
+    entries that name its own inputs and dimensions)."""
+    from .testing import shape_names
+
+    known = set().union(*(shape_names(m) for m in models)) if models else set()
+    unknown = sorted(set(shapes or {}) - known)
+    if unknown:
+        raise ValueError(f"--input-shape {unknown[0]!r}: no model has an input or symbolic "
+                         f"dimension of that name (they have: {', '.join(sorted(known))})")
+
+
 def _cmd_bench(args) -> int:
     from pathlib import Path
 
     from .bench import run_bench, to_markdown
+    from .compile import load_onnx
     from .zoo import zoo_models
 
     _check_target(args.target)
     paths = [Path(p) for p in args.models] or zoo_models(args.models_dir)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    rows = run_bench(paths, args.target, variants, args.repeat, args.warmup, args.out)
+    shapes = _parse_input_shapes(args.input_shape)
+    if shapes:
+        _check_shape_names(shapes, [load_onnx(p) for p in paths])
+    rows = run_bench(paths, args.target, variants, args.repeat, args.warmup, args.out,
+                     input_shapes=shapes)
     print(to_markdown(rows))
     print(f"wrote {args.out}/bench.json, bench.md, bench.png")
     return 0
@@ -237,12 +287,17 @@ def _cmd_report(args) -> int:
         return _cmd_zoo(args)
     if not args.models:
         raise ValueError("report needs ONNX files, or --zoo")
+    from .testing import shapes_for
+
     reports = []
-    for path in tqdm(args.models, desc="report", unit="model", disable=len(args.models) < 2):
-        model = load_onnx(path)
+    shapes = _parse_input_shapes(args.input_shape)
+    models = [load_onnx(path) for path in args.models]
+    _check_shape_names(shapes, models)
+    for path, model in tqdm(list(zip(args.models, models)), desc="report", unit="model",
+                            disable=len(args.models) < 2):
         name = os.path.splitext(os.path.basename(path))[0]
         reports.append(make_report(model, name, args.target, check=not args.no_check,
-                                   **options))
+                                   input_shapes=shapes_for(model, shapes), **options))
     if args.json:
         print(json.dumps([r.to_json() for r in reports], indent=2))
     else:
@@ -255,6 +310,8 @@ def _cmd_zoo(args) -> int:
 
     from .zoo import to_markdown, write_outputs, zoo_models, zoo_reports
 
+    if args.input_shape:
+        raise ValueError("--input-shape applies to named models, not to --zoo")
     paths = [Path(p) for p in args.models] or zoo_models(args.models_dir)
     reports = zoo_reports(paths, args.target, check=not args.no_check, **_options(args))
     written = write_outputs(reports, args.out)

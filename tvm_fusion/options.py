@@ -33,7 +33,8 @@ class Option:
 
     ``kind`` is one of ``bool``, ``int``, ``float`` (finite numbers; ``low``/``high`` bound them,
     inclusive), ``choice`` (one of ``choices``), ``path`` (a file path or None), ``rules``
-    (rewrite-rule names or None), ``table3`` (colour overrides or None), ``list`` (an output
+    (rewrite-rule names or None), ``table3`` (colour overrides or None), ``sizes`` (symbolic
+    dimension names to positive sizes, or None), ``list`` (an output
     list, Python only) and ``hook`` (a callable, Python only).
     """
 
@@ -71,6 +72,9 @@ class Option:
         if self.kind == "table3":
             return (f"FIRST:SECOND=COLOUR[,...] (or a JSON object) with types "
                     f"{', '.join(TABLE3_TYPES)} and colours {', '.join(COLOURS)}")
+        if self.kind == "sizes":
+            return ("NAME=SIZE[,...] (or a JSON object), sizes positive integers" if cli
+                    else "a mapping of dimension names to positive ints, or None")
         if self.kind == "list":
             return "a list (Python API only) or None"
         return "a callable (Python API only) or None"
@@ -129,6 +133,8 @@ SCHEMA: tuple[Option, ...] = (
     _O("profile", "choice", "db", PROFILE_MODES, doc="yellow cells: look up, measure, or off"),
     _O("profile_db", "path", None, doc="None: $TVM_FUSION_DB or ~/.cache"),
     _O("latency_model", "path", None, doc="a trained XGBoost latency model"),
+    _O("symbolic_hint", "sizes", None,
+       doc="{name: size}: the sizes symbolic dims are costed at (tvm_fusion.symbolic)"),
     _O("conv_chains", "choice", "off", CONV_CHAINS, doc="OptiFX conv->conv chains"),
     _O("apollo_rules", "choice", "practical", APOLLO_RULES),
     _O("apollo_layers", "int", 3, low=1, high=3),
@@ -214,6 +220,12 @@ def _check_value(opt: Option, value: Any) -> Any:
         return rules
     if kind == "table3":
         return _check_table3(opt, value)
+    if kind == "sizes":
+        if not isinstance(value, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                and v >= 1 for k, v in value.items()):
+            raise _bad(opt, value, "is not a mapping of names to positive sizes")
+        return {k: int(v) for k, v in value.items()}
     if kind == "list":
         if callable(getattr(value, "append", None)):
             return value
@@ -318,8 +330,10 @@ def parse_cli_option(name: str, text: str) -> Any:
             value = float(text)
         except ValueError:
             raise _bad(opt, text, "is not a number", cli=True) from None
-    elif kind in ("path", "rules", "table3") and text.lower() in _NONE:
+    elif kind in ("path", "rules", "table3", "sizes") and text.lower() in _NONE:
         return None
+    elif kind == "sizes":
+        value = _json(opt, text) if text.startswith("{") else _parse_sizes(opt, text)
     elif kind == "rules":
         value = _json(opt, text) if text.startswith("[") else [
             r.strip() for r in text.split(",") if r.strip()]
@@ -331,6 +345,16 @@ def parse_cli_option(name: str, text: str) -> Any:
         return _check_value(opt, value)
     except OptionError as err:  # say what the command line accepts
         raise OptionError(str(err).replace(opt.accepted(), opt.accepted(cli=True))) from None
+
+
+def _parse_sizes(opt: Option, text: str) -> dict[str, int]:
+    sizes = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, size = item.partition("=")
+        if not name.strip() or not _INT.fullmatch(size.strip()):
+            raise _bad(opt, text, f"has {item!r}, not NAME=SIZE", cli=True)
+        sizes[name.strip()] = int(size)
+    return sizes
 
 
 def parse_table3(text: str) -> dict[tuple[str, str], str]:

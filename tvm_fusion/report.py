@@ -49,6 +49,7 @@ class ModelReport:
     flops_before_rewrite: int | None = None  # high-level FLOPs, DNNFusion §4.2
     flops_after_rewrite: int | None = None
     rules_fired: dict = field(default_factory=dict)
+    rewrite_symbolic_skipped: int = 0  # operators rewriting left alone: a symbolic shape
     blocks: list[BlockRow] = field(default_factory=list)
     rejections: list[dict] = field(default_factory=list)
     yellow: list[dict] = field(default_factory=list)
@@ -60,6 +61,7 @@ class ModelReport:
     # outputs that differ from ONNX Runtime the way stock TVM's do (ties in TopK/ArgMax indices,
     # fp16 accumulation order): tvm_fusion agrees with stock TVM there, so the check passes
     check_notes: list[str] = field(default_factory=list)
+    run_shapes: dict = field(default_factory=dict)  # symbolic dims/inputs: the sizes checked
 
     @property
     def fusion_rate(self) -> float:
@@ -72,9 +74,14 @@ class ModelReport:
 
 
 def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", check: bool = True,
-                seed: int = 0, **options) -> ModelReport:
-    """Plan, compile and (optionally) check one ONNX model."""
-    from .testing import max_abs_error, onnx_reference, random_inputs
+                seed: int = 0, input_shapes: dict | None = None, **options) -> ModelReport:
+    """Plan, compile and (optionally) check one ONNX model.
+
+    A model with symbolic dimensions is planned and compiled once, symbolic; the check runs it
+    at ``input_shapes`` (graph input -> shape, or ``dim_param`` -> size; the rest at the sizes
+    the cost model assumes, :func:`tvm_fusion.testing.run_shapes`)."""
+    from .symbolic import symbolic_hints
+    from .testing import max_abs_error, onnx_reference, random_inputs, run_shapes
 
     mod = import_onnx(model)
     stock_mod = fuse(mod, target, strategy="tvm")
@@ -83,7 +90,7 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     fused_mod = fuse(mod, target, record=record, rewrite_record=rewrites, **options)
     # "Before fusion" is the model as imported: no rewriting, no layout elimination (which
     # pre-fuses), so operators, CIL/MIL, the anchor bound and IRS-before are the model's own.
-    original = _plan_only(mod, target)
+    original = _plan_only(mod, target, options.get("symbolic_hint"))
     module_plan = record[0] if record else original
     nodes = [n for p in original.plans.values() for n in p.ecg.nodes]
 
@@ -104,6 +111,7 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         report.flops_before_rewrite = int(rewrites[0].flops_before)
         report.flops_after_rewrite = int(rewrites[0].flops_after)
         report.rules_fired = dict(rewrites[0].fired)
+        report.rewrite_symbolic_skipped = int(getattr(rewrites[0], "symbolic_skipped", 0))
     report.feedback = [e.describe() for e in getattr(module_plan, "feedback", [])]
     kernel = 0
     for plan in module_plan.plans.values():
@@ -119,8 +127,12 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         report.opaque += [f"{n.op_name}: {n.reason}" for n in plan.ecg.nodes if not n.fusible]
         report.conv_chains += [_chain_row(plan.ecg, d) for d in getattr(plan, "conv_chains", [])]
 
+    with symbolic_hints(options.get("symbolic_hint")):
+        shapes = run_shapes(model, input_shapes)  # validated even when nothing runs
     if check:
-        feeds = random_inputs(model, seed=seed)
+        report.run_shapes = {k: list(v) if isinstance(v, tuple) else v
+                             for k, v in shapes.items()}
+        feeds = random_inputs(model, seed=seed, shape_overrides=shapes)
         order = graph_input_names(model)
         inputs = [feeds[k] for k in order]
         ours = run(compile_model(mod, target, **options), inputs)
@@ -170,14 +182,15 @@ def check_outputs(ours, stock, reference) -> list[str]:
     return notes
 
 
-def _plan_only(mod, target) -> ModulePlan:
+def _plan_only(mod, target, symbolic_hint=None) -> ModulePlan:
     from .compile import to_target
     from .transform import Sequential
 
     tgt = to_target(target)
     record: list[ModulePlan] = []
     with tgt:
-        Sequential(tgt, record=record, rewrite=False, layout=False)(mod)
+        Sequential(tgt, record=record, rewrite=False, layout=False,
+                   symbolic_hint=symbolic_hint)(mod)
     return record[0]
 
 
@@ -195,7 +208,13 @@ def format_report(report: ModelReport, why: bool = False) -> str:
     if report.flops_before_rewrite is not None:
         fired = ", ".join(f"{k} {v}" for k, v in sorted(report.rules_fired.items())) or "none"
         lines.append(f"  rewriting: {report.flops_before_rewrite / 1e9:.4f} -> "
-                     f"{report.flops_after_rewrite / 1e9:.4f} GFLOPs; rules fired: {fired}")
+                     f"{report.flops_after_rewrite / 1e9:.4f} GFLOPs; rules fired: {fired}"
+                     + (f"; {report.rewrite_symbolic_skipped} operators with symbolic shapes "
+                        f"not rewritten" if report.rewrite_symbolic_skipped else ""))
+    if report.run_shapes:
+        sizes = ", ".join(f"{k}={v}" if isinstance(v, int) else f"{k}=[{','.join(map(str, v))}]"
+                          for k, v in report.run_shapes.items())
+        lines.append(f"  input shapes: compiled once for every size; run and checked at {sizes}")
     if report.max_error_vs_onnx is not None:
         lines.append(f"  numerics: max |tvm_fusion - stock| = {report.max_error_vs_stock:.3g}, "
                      f"max |tvm_fusion - onnx| = {report.max_error_vs_onnx:.3g}")

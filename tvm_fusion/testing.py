@@ -51,6 +51,9 @@ __all__ = [
     "onnx_reference",
     "random_dag_models",
     "random_inputs",
+    "run_shapes",
+    "shape_names",
+    "shapes_for",
     "run_tvm_stock",
     "single_op_model",
 ]
@@ -82,6 +85,74 @@ def _static_shape(vi: onnx.ValueInfoProto, overrides: dict | None) -> tuple[int,
                 f"pass shape_overrides={{{vi.name!r}: [...]}} or {{{label!r}: n}}"
             )
     return tuple(shape)
+
+
+def shape_names(model: onnx.ModelProto) -> set[str]:
+    """Names an input shape may be given for: graph inputs and ``dim_param`` dimensions."""
+    inputs = _graph_inputs(model)
+    return {vi.name for vi in inputs} | {
+        d.dim_param for vi in inputs for d in vi.type.tensor_type.shape.dim
+        if d.HasField("dim_param") and d.dim_param}
+
+
+def shapes_for(model: onnx.ModelProto, overrides: dict | None) -> dict | None:
+    """The entries of ``overrides`` that name an input or dimension of ``model`` (one
+    ``--input-shape`` list serves several models)."""
+    if not overrides:
+        return overrides
+    names = shape_names(model)
+    return {k: v for k, v in overrides.items() if k in names}
+
+
+def run_shapes(model: onnx.ModelProto, overrides: dict | None = None) -> dict:
+    """``shape_overrides`` for :func:`random_inputs` that make every graph input concrete.
+
+    ``overrides`` maps a graph input to its full shape or a ``dim_param`` to a size (the CLI's
+    ``--input-shape``); every symbolic dimension left is run at the size the cost model
+    assumes for it (:func:`tvm_fusion.symbolic.var_size`: a ``symbolic_hint``, else 1 for a
+    batch, 128 otherwise). A name that is neither raises ``ValueError`` naming it, as does a
+    shape of the wrong rank or that contradicts a fixed dimension."""
+    from .symbolic import var_size
+
+    inputs = {vi.name: vi for vi in _graph_inputs(model)}
+    dims = {d.dim_param for vi in inputs.values() for d in vi.type.tensor_type.shape.dim
+            if d.HasField("dim_param") and d.dim_param}
+    resolved: dict = {}
+    for name, value in (overrides or {}).items():
+        sizes = [value] if isinstance(value, int) else list(value)
+        if name in inputs:
+            fixed = [d.dim_value if d.HasField("dim_value") else None
+                     for d in inputs[name].type.tensor_type.shape.dim]
+            if len(sizes) != len(fixed) or any(
+                    f and f != s for f, s in zip(fixed, sizes)):
+                want = ",".join(str(f) if f else "?" for f in fixed)
+                raise ValueError(f"input shape {name}={','.join(map(str, sizes))} does not fit "
+                                 f"the model's [{want}]")
+            resolved[name] = tuple(int(s) for s in sizes)
+        elif name in dims and len(sizes) == 1:
+            resolved[name] = int(sizes[0])
+        else:
+            raise ValueError(f"input shape {name!r}: not a graph input or symbolic dimension "
+                             f"of the model (inputs: {', '.join(inputs) or 'none'}; symbolic "
+                             f"dimensions: {', '.join(sorted(dims)) or 'none'})")
+    implied: dict[str, int] = {}  # dim_params fixed by a full input shape
+    for name, shape in list(resolved.items()):
+        if name not in inputs:
+            continue
+        for d, size in zip(inputs[name].type.tensor_type.shape.dim, shape):
+            if d.HasField("dim_param") and d.dim_param:
+                known = resolved.get(d.dim_param) if d.dim_param not in inputs else None
+                known = implied.get(d.dim_param, known)
+                if known is not None and known != size:
+                    raise ValueError(f"input shape {name}: {d.dim_param} is {size} here but "
+                                     f"{known} elsewhere")
+                implied[d.dim_param] = size
+    for dim in sorted(dims - set(resolved)):
+        resolved[dim] = implied.get(dim, var_size(dim))
+    if any(int(v) < 1 for v in resolved.values() if isinstance(v, int)) or any(
+            s < 1 for v in resolved.values() if isinstance(v, tuple) for s in v):
+        raise ValueError("input shapes must be positive")
+    return resolved
 
 
 def _hint(vi: onnx.ValueInfoProto) -> tuple[str, str]:

@@ -126,7 +126,8 @@ def refresh_access_regions(func: tirx.PrimFunc) -> tirx.PrimFunc:
     attached there would compute only the rows that one region names."""
     from tvm.s_tir import analysis
 
-    buffers = {p: p for p in func.params}  # TVM 0.27: a buffer is its own variable
+    # TVM 0.27: a buffer is its own variable; a scalar parameter (a symbolic size) is not one
+    buffers = {p: p for p in func.params if getattr(p.ty, "shape", None) is not None}
     root = getattr(func.body, "block", None)
     for block in ([root] if root is not None else []) + list(iter_sblocks(func)):
         buffers.update({b: b for b in block.alloc_buffers})

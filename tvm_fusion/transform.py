@@ -23,6 +23,8 @@ from .relay_passes.fusion_table import FusionTable
 from .relay_passes.mapping_type import AnnotateMappingType
 from .relay_passes.plan_fusion import PlanFusion
 from .relay_passes.rewrite import RewriteByMathProperties
+from .symbolic import check_hints, symbolic_hints
+from .target import warn_if_bare_llvm
 from .tir_schedules.fused_block import ScheduleFusedBlocks
 
 __all__ = [
@@ -71,6 +73,8 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
     target
         The build target (a ``Target``, a tag/kind string or a dict); defaults to
         ``Target.current()`` and then ``llvm``. Library dispatch (sort/scan/sampling) follows it.
+        A bare ``llvm`` on x86-64 (SSE2) warns once: name the CPU
+        (:func:`tvm_fusion.target.host_target` for this machine).
     **options
         See :data:`OPTIONS` and docs/options.md; an unknown option, or a value of the wrong
         type or outside the accepted set, raises ``ValueError`` naming it.
@@ -83,10 +87,14 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
     opts = check_options(options)
     plan_options = make_plan_options(**opts)
     resolved = _resolve_target(target)
+    hints = check_hints(opts["symbolic_hint"])
+    if resolved is not None:
+        warn_if_bare_llvm(resolved)  # once per process: "llvm" on x86-64 is SSE2
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Sequential")
     def _sequential(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = resolved or tvm.target.Target.current() or tvm.target.Target("llvm")
+        warn_if_bare_llvm(tgt)
         ours = opts["strategy"] != "tvm"  # "tvm" is stock TVM's graph passes, kept pure
         passes = []
         if ours and opts["rewrite"]:
@@ -107,7 +115,7 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
         # ---- Apollo: plan → FuseTIR → schedule with feedback, in one pass (apollo_feedback.py)
         if opts["strategy"] == "apollo":
             passes.append(_apollo_pass(opts, tgt))
-            with tgt:
+            with tgt, symbolic_hints(hints):
                 return tvm.transform.Sequential(passes)(mod)
         # ---- end Apollo
         passes += [
@@ -116,7 +124,7 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
         ]
         if opts["schedule"] and tgt.kind.name == "llvm":
             passes.append(ScheduleFusedBlocks(tgt, fast_math=bool(opts["fast_math"])))
-        with tgt:
+        with tgt, symbolic_hints(hints):  # symbolic dims' sizes for every cost decision
             return tvm.transform.Sequential(passes)(mod)
 
     return _sequential

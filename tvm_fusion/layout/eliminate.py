@@ -32,6 +32,7 @@ from tvm.ir.expr import GenericConst
 
 from ..relay_passes.grouping import group_bindings, is_primitive
 from ..relay_passes.mapping_type import analyze_primfunc, classify, num_primfunc_outputs
+from ..symbolic import takes_sizes
 from ..tir_utils import iter_sblocks
 from .classes import Action, LayoutClass, layout_class, pair_decision
 from .index_maps import LoadMap, Unsupported, extract_load_map, is_pure_copy
@@ -127,6 +128,8 @@ def eliminate_layout_transforms(mod: tvm.IRModule, options: EliminationOptions,
         for members in groups:
             positions = [p for p, b in enumerate(block.bindings)
                          if any(b.var.same_as(m) for m in members)]
+            if any(takes_sizes(block.bindings[p].value) for p in positions):
+                continue  # a symbolic size argument: FuseTIR would lose it (symbolic.py)
             if len(positions) > 1:
                 found.append(positions)
         return found

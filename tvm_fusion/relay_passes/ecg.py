@@ -17,6 +17,7 @@ from tvm import relax, tirx
 from tvm.ir.expr import GenericConst
 from tvm.s_tir.analysis import estimate_tir_flops
 
+from ..symbolic import concrete_shape, specialize, takes_sizes
 from ..tir_utils import shape_numel
 from .mapping_type import (
     Classification,
@@ -42,7 +43,7 @@ class ECGNode:
     mapping_type: MappingType
     reason: str  # why it has that mapping type
     fusible: bool
-    out_shapes: list[tuple[int, ...] | None]
+    out_shapes: list[tuple[int, ...] | None]  # symbolic extents at a representative size
     out_dtypes: list[str]
     irs_bytes: int  # bytes of the result(s) this operator writes
     flops: int
@@ -122,8 +123,9 @@ class FuncCache:
                 self.flops[name] = 0
             else:
                 self.access[name] = analyze_primfunc(func, num_outputs)
-                try:
-                    self.flops[name] = int(estimate_tir_flops(tvm.IRModule({"main": func})))
+                try:  # symbolic extents counted at their representative size
+                    self.flops[name] = int(estimate_tir_flops(
+                        tvm.IRModule({"main": specialize(func)})))
                 except Exception:  # FLOPs are advisory; opaque code has none we can count
                     self.flops[name] = 0
         return self.access[name], self.flops[name]
@@ -160,10 +162,24 @@ def build_ecg(
             found |= carried.get(used, set())
         return found
 
+    # Symbolic sizes read at run time (``match_cast`` after ``tensor_to_shape``: NMS, a
+    # dynamic slice): an operator whose result type uses one depends on the binding that
+    # defines it, and cannot share a kernel with the operators that compute it.
+    runtime_dims: dict[str, set[int]] = {}
+
+    def dim_sources(ty) -> set[int]:
+        found: set[int] = set()
+        for tvar in relax.analysis.tir_vars_in_type(ty):
+            found |= runtime_dims.get(tvar.name, set())
+        return found
+
     for pos, binding in enumerate(bindings):
         var, value = binding.var, binding.value
         if not isinstance(var, relax.DataflowVar):
             outputs_of_block.add(var)
+        if isinstance(binding, relax.MatchCast):
+            for tvar in relax.analysis.definable_tir_vars_in_type(binding.ty):
+                runtime_dims.setdefault(tvar.name, set()).update(sources(value))
         if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
             owner = var_to_node.get(value.tuple_value)
             if owner is not None:
@@ -175,7 +191,11 @@ def build_ecg(
         if node is None:
             carried[var] = sources(value)
             continue
-        for src in sorted(sources(value)):
+        shape_deps = dim_sources(var.ty)
+        if shape_deps:
+            node.fusible = False
+            node.reason = "its result's shape is read at run time (match_cast)"
+        for src in sorted(sources(value) | shape_deps):
             node.preds.append(src)
             nodes[src].succs.append(node.index)
         nodes.append(node)
@@ -222,9 +242,15 @@ def _make_node(index, pos, var, call, weight_params, policy, cache) -> ECGNode |
         op_name = call.op.name if isinstance(call.op, tvm.ir.Op) else str(call.op)
         flops, fusible = 0, False
     fusible = fusible and found.mapping_type is not MappingType.OPAQUE
+    reason = found.reason
+    if fusible and takes_sizes(call):
+        # FuseTIR drops the fused call's result shape when a member takes symbolic sizes as
+        # arguments (``call_tir(f, (x, seq))``, a PrimValue): stock FuseOps never fuses one
+        fusible = False
+        reason = "takes symbolic sizes as arguments (FuseTIR loses the result's shape)"
     return ECGNode(
         index=index, binding_index=pos, var=var, op_name=op_name,
-        mapping_type=found.mapping_type, reason=found.reason, fusible=fusible,
+        mapping_type=found.mapping_type, reason=reason, fusible=fusible,
         out_shapes=out_shapes, out_dtypes=out_dtypes, irs_bytes=numel_bytes, flops=flops,
         weight_inputs=tuple(sorted(weights)),
         in_elements=sum(shape_numel(s) or 0 for a in args for s in _result_types(a.ty)[0]
@@ -257,11 +283,10 @@ def _result_types(ty) -> tuple[list, list[str]]:
             dtypes += d
         return shapes, dtypes
     if isinstance(ty, relax.TensorType):
-        shape = None
-        if ty.shape is not None and hasattr(ty.shape, "values"):
-            dims = [int(d) if isinstance(d, (int, tirx.IntImm)) else None for d in ty.shape.values]
-            shape = tuple(dims) if all(d is not None for d in dims) else None
-        return [shape], [str(ty.dtype)]
+        # symbolic extents (seq, batch) at their representative size: bytes and FLOPs are
+        # numbers for the planner; the IR itself stays symbolic
+        values = getattr(ty.shape, "values", None) if ty.shape is not None else None
+        return [concrete_shape(values)], [str(ty.dtype)]
     return [], []
 
 

@@ -60,6 +60,9 @@ class RewriteStats:
         Rule name → how many applied rewrites it took part in.
     rewrites, partitions, seconds
         Applied rewrites, partitions visited, wall time of the whole pass.
+    symbolic_skipped
+        Operators not rewritten because a shape is symbolic (an ONNX ``dim_param``): the
+        rules' shape algebra is over concrete shapes, so such operators are left as they are.
     """
 
     flops_before: int = 0
@@ -69,6 +72,7 @@ class RewriteStats:
     rewrites: int = 0
     partitions: int = 0
     seconds: float = 0.0
+    symbolic_skipped: int = 0
 
     @property
     def flops_saved(self) -> int:
@@ -176,6 +180,7 @@ def _rewrite_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
 def rewrite_graph(graph: BlockGraph, enabled: frozenset[str], stats: RewriteStats) -> None:
     """Rewrite one lifted dataflow block in place, partition by partition."""
     reset_keys()
+    stats.symbolic_skipped += graph.symbolic_skipped
     driver = _Driver(enabled, stats)
     for part in partitions(graph):
         stats.partitions += 1

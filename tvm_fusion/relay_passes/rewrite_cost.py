@@ -29,6 +29,7 @@ import math
 import tvm
 from tvm import relax
 
+from ..symbolic import concrete_shape
 from .rewrite_ir import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, REDUCTIONS, Node
 
 Cost = tuple[int, int, int]
@@ -84,20 +85,18 @@ def sub_costs(a: Cost, b: Cost) -> Cost:
 # Whole modules (for the before/after statistics)
 # ---------------------------------------------------------------------------------------------
 def _size(ty) -> int:
-    if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
-        dims = [d.value if isinstance(d, tvm.tirx.IntImm) else None for d in ty.shape.values]
-        if all(d is not None for d in dims):
-            return math.prod(int(d) for d in dims)
+    shape = _shape(ty)
+    if shape is not None:
+        return math.prod(shape)
     if isinstance(ty, relax.TupleType):
         return sum(_size(f) for f in ty.fields)
     return 0
 
 
 def _shape(ty) -> tuple[int, ...] | None:
+    """A tensor's shape; symbolic extents at their representative size (statistics only)."""
     if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
-        dims = [d.value if isinstance(d, tvm.tirx.IntImm) else None for d in ty.shape.values]
-        if all(d is not None for d in dims):
-            return tuple(int(d) for d in dims)
+        return concrete_shape(ty.shape.values)
     return None
 
 

@@ -275,6 +275,9 @@ class BlockGraph:
         self.nodes: list[Node] = []
         self.node_of_var: dict = {}
         self.leaves: dict = {}
+        # modelled operators left out because a shape is symbolic: the rules' shape algebra
+        # (broadcasting, reshape sizes, constant evaluation) is over concrete shapes
+        self.symbolic_skipped = 0
         self._lift(block)
 
     # -- values ------------------------------------------------------------------------------
@@ -330,6 +333,10 @@ class BlockGraph:
 
     def _note_unmodelled(self, binding) -> None:
         value = binding.value
+        if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and value.op.name[6:] in MODELLED_OPS
+                and relax.analysis.tir_vars_in_type(binding.var.ty)):
+            self.symbolic_skipped += 1
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
             self._producers[binding.var] = value.op.name
         for var in _referenced_vars(value):

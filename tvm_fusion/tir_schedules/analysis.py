@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import s_tir, sym, tirx
 
+from .. import symbolic
 from ..tir_utils import buffer_loads, const_int, find_all
 from .fast_math import APPROXIMATED
 
@@ -47,13 +48,14 @@ class BlockFacts:
     name: str
     spatial: list  # iter Vars, in block order
     reduce: list
-    extents: dict  # iter var name -> int extent (None when symbolic)
+    extents: dict  # iter var name -> int extent (a symbolic one at its representative size)
     write: str  # the buffer written (blocks here write one buffer)
     write_indices: list
     reads: list[Read] = field(default_factory=list)
     cost: int = 0  # value arithmetic per output element (loads and index math are free)
     padding: bool = False  # the value is a bounds-checked select of a load (pad)
     nested: int = 0  # fast-math approximable calls nested in the value, at most (exp(tanh(x)): 2)
+    symbolic_iters: frozenset = frozenset()  # iter var names whose extent is symbolic (seq, batch)
 
     @property
     def is_reduction(self) -> bool:
@@ -77,11 +79,13 @@ class BlockFacts:
 
 def block_facts(sch: s_tir.Schedule, block_rv) -> BlockFacts | None:
     """Facts of a block, or None for a block the rules do not understand (opaque, several
-    writes, non-constant extents, iterators of other kinds)."""
+    writes, iterators of other kinds). A symbolic extent (an ONNX ``seq``) is recorded at its
+    representative size (:mod:`tvm_fusion.symbolic`) and named in ``symbolic_iters``: a rule may
+    split it (TVM guards the remainder) but must not assume a tile divides it."""
     block = sch.get(block_rv)
     if len(block.writes) != 1 or not block.iter_vars:
         return None
-    spatial, reduce, extents = [], [], {}
+    spatial, reduce, extents, dynamic = [], [], {}, set()
     for iv in block.iter_vars:
         kind = int(iv.iter_type)
         if kind == _ITER_SPATIAL:
@@ -90,9 +94,12 @@ def block_facts(sch: s_tir.Schedule, block_rv) -> BlockFacts | None:
             reduce.append(iv.var)
         else:
             return None
-        extent = const_int(iv.dom.extent)
-        if extent is None or const_int(iv.dom.min) != 0:
+        if const_int(iv.dom.min) != 0:
             return None
+        extent = const_int(iv.dom.extent)
+        if extent is None:
+            extent = symbolic.extent(iv.dom.extent)
+            dynamic.add(iv.var.name)
         extents[iv.var.name] = extent
     body = block.body
     if not isinstance(body, tirx.BufferStore):
@@ -105,6 +112,7 @@ def block_facts(sch: s_tir.Schedule, block_rv) -> BlockFacts | None:
         name=block.name_hint, spatial=spatial, reduce=reduce, extents=extents, write=write,
         write_indices=list(body.indices), reads=reads, cost=expr_cost(value),
         padding=_is_padding(value), nested=nested_calls(value, APPROXIMATED),
+        symbolic_iters=frozenset(dynamic),
     )
 
 
@@ -207,13 +215,9 @@ def stride_in_last_dim(indices, var) -> int | None:
 
 
 def numel(shape) -> int:
-    total = 1
-    for dim in shape:
-        value = const_int(dim)
-        if value is None:
-            return 0
-        total *= value
-    return total
+    """Elements of a buffer shape; symbolic extents at their representative size, so that
+    sizes compare with :meth:`BlockFacts.volume`."""
+    return symbolic.numel(shape) or 0
 
 
 def root_block(sch: s_tir.Schedule):

@@ -89,6 +89,8 @@ def plan_tile(facts: BlockFacts, shapes: dict, params: CpuParams) -> TilePlan | 
     v = live[-1]
     if facts.write_indices and not index_uses(facts.write_indices[-1:], v):
         return None  # the output is not contiguous along v
+    if v.name in facts.symbolic_iters:
+        return None  # lanes must divide the vector axis; a symbolic one is a row reduction
     movers, others = [], []
     for read in facts.reads:
         if index_uses(read.indices, v):
@@ -176,8 +178,8 @@ def _row_major_neighbour(facts: BlockFacts, v, movers, shapes):
     if position == 0:
         return None
     w = facts.spatial[position - 1]
-    if facts.extents[w.name] <= 1:
-        return None
+    if facts.extents[w.name] <= 1 or w.name in facts.symbolic_iters:
+        return None  # (a symbolic w: the fused axis' vector tile might not divide it)
     units = [k for k in facts.reduce if facts.extents[k.name] == 1]
     checks = [(facts.write_indices, shapes.get(facts.write))]
     checks += [(r.indices, shapes.get(r.buffer)) for r in movers]
@@ -242,6 +244,10 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
     facts = block_facts(sch, block_rv)
     name = facts.name
     notes = [plan.describe()]
+    if plan.u is not None and plan.u in facts.symbolic_iters and not plan.u_window \
+            and len(plan.v_fused) == 1:
+        notes += _pad_symbolic_rows(sch, block_rv, plan)
+        facts = block_facts(sch, block_rv)
     ready = _written_before(sch, block_rv)
     wb = sch.cache_write(block_rv, 0, "local")
     done = [name, sch.get(wb).name_hint]
@@ -320,6 +326,20 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
         done += [sch.get(init).name_hint, sch.get(block_rv).name_hint]
         _vectorize_last(sch, init, params)
     return done, notes
+
+
+def _pad_symbolic_rows(sch: s_tir.Schedule, block_rv, plan: TilePlan) -> list[str]:
+    """Pad a symbolic register axis to a multiple of the register tile (``pad_einsum``: the
+    operand copied once with zero rows, the result copied back): the tile then divides it, so
+    the accumulator needs no remainder guard, which would keep TVM from shrinking it to the
+    tile (it stayed ``(1, seq, 32)`` in memory instead of ``(1, 8, 32)`` in registers)."""
+    block = sch.get(block_rv)
+    pads = [plan.rt if iv.var.name == plan.u else 1 for iv in block.iter_vars]
+    try:
+        sch.pad_einsum(block_rv, pads)
+    except s_tir.ScheduleError:
+        return []
+    return [f"{plan.u} padded to a multiple of {plan.rt} rows"]
 
 
 def deinterleave_strided(sch: s_tir.Schedule, block_rv, facts: BlockFacts,

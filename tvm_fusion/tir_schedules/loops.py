@@ -7,6 +7,7 @@ import tvm
 from tvm import s_tir
 from tvm.s_tir.stmt import SBlockRealize
 
+from .. import symbolic
 from ..tir_utils import const_int, find_all
 from .cpu_target import CpuParams
 
@@ -17,7 +18,14 @@ CHUNKS_PER_CORE = 16
 
 
 def loop_extent(sch: s_tir.Schedule, loop) -> int | None:
+    """The loop's extent when it is a constant, else None (symbolic: nothing may assume a
+    tile divides it)."""
     return const_int(sch.get(loop).extent)
+
+
+def loop_size(sch: s_tir.Schedule, loop) -> int:
+    """The loop's extent for cost decisions: a symbolic one at its representative size."""
+    return symbolic.extent(sch.get(loop).extent)
 
 
 def loops_by_var(sch: s_tir.Schedule, block_rv) -> dict | None:
@@ -114,7 +122,7 @@ def parallelize(sch: s_tir.Schedule, loops: list, work: int, params: CpuParams) 
     chosen, extent = [], 1
     for loop in loops:
         chosen.append(loop)
-        extent *= loop_extent(sch, loop) or 1
+        extent *= loop_size(sch, loop)
         if extent >= CHUNKS_PER_CORE * params.cores:
             break
     if params.cores <= 1 or extent <= 1 or work < PARALLEL_MIN_WORK:

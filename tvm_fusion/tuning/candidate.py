@@ -34,6 +34,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir.expr import GenericConst
 
+from .. import symbolic
 from ..relay_passes.ecg import ECG
 from ..relay_passes.grouping import group_bindings
 
@@ -350,8 +351,10 @@ def _type_text(ty) -> str:
     if isinstance(ty, relax.TupleType):
         return "(" + ",".join(_type_text(f) for f in ty.fields) + ")"
     if isinstance(ty, relax.TensorType):
+        # a symbolic extent with the size it is measured at (the key of a timing)
         dims = "?" if ty.shape is None else ",".join(
-            str(int(d)) if isinstance(d, (int, tirx.IntImm)) else str(d) for d in ty.shape.values)
+            str(int(d)) if isinstance(d, (int, tirx.IntImm)) else f"{d}={symbolic.extent(d)}"
+            for d in ty.shape.values)
         return f"{ty.dtype}[{dims}]"
     return type(ty).__name__
 
@@ -360,12 +363,9 @@ def _static_tensor(var) -> tuple[tuple[int, ...], str]:
     ty = var.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         raise CandidateError(f"input {var.name} is not a tensor of known shape")
-    dims = []
-    for d in ty.shape.values:
-        if not isinstance(d, (int, tirx.IntImm)):
-            raise CandidateError(f"input {var.name} has a symbolic shape ({ty.shape})")
-        dims.append(int(d))
-    return tuple(dims), str(ty.dtype)
+    # symbolic extents at their representative size: the module stays symbolic (the code
+    # measured is the code that runs), its inputs are concrete
+    return symbolic.concrete_shape(ty.shape.values), str(ty.dtype)
 
 
 def _nbytes(var) -> int:

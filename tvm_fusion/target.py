@@ -1,0 +1,69 @@
+"""The host CPU as a TVM target, and a warning for the bare ``llvm`` that is not it.
+
+On x86-64 a bare ``"llvm"`` target is baseline x86-64 (SSE2): LLVM uses AVX2/AVX-512 only when
+the target names a CPU. TVM 0.27 rejects ``-mcpu=native``, but
+``tvm.target.codegen.llvm_get_system_cpu()`` names the host (``znver5``, ``rocketlake``…), so
+the CLI's default target is :func:`host_target`; nothing here names a CPU model itself.
+"""
+
+from __future__ import annotations
+
+import platform
+import warnings
+
+import tvm
+
+from .threads import physical_cores
+
+NATIVE = "native"  # the CLI's name for host_target()
+_X86_64 = ("x86_64", "amd64", "x64")
+
+__all__ = ["NATIVE", "host_cpu", "host_target", "host_target_dict", "is_bare_x86_llvm",
+           "warn_if_bare_llvm"]
+
+
+def host_cpu() -> str:
+    """LLVM's name of the CPU this process runs on (``"generic"`` when LLVM cannot tell)."""
+    try:
+        return str(tvm.target.codegen.llvm_get_system_cpu()) or "generic"
+    except Exception:  # noqa: BLE001 (a TVM built without LLVM)
+        return "generic"
+
+
+def host_target_dict() -> dict:
+    """``{"kind": "llvm", "mcpu": <host CPU>, "num-cores": <physical cores>}``."""
+    return {"kind": "llvm", "mcpu": host_cpu(), "num-cores": physical_cores()}
+
+
+def host_target() -> tvm.target.Target:
+    """The target for code that runs on this machine: its CPU's vector units, its cores."""
+    return tvm.target.Target(host_target_dict())
+
+
+def is_bare_x86_llvm(target: tvm.target.Target) -> bool:
+    """An ``llvm`` target for x86-64 (named or the host's triple) that names no CPU and no
+    features: it compiles for SSE2."""
+    if target.kind.name != "llvm":
+        return False
+    attrs = target.attrs
+    if str(attrs.get("mcpu", "") or "") or list(attrs.get("mattr", []) or []):
+        return False
+    triple = str(attrs.get("mtriple", "") or "")
+    arch = triple.split("-", 1)[0] if triple else platform.machine()
+    return arch.lower() in _X86_64
+
+
+_warned = False
+
+
+def warn_if_bare_llvm(target: tvm.target.Target) -> None:
+    """Warn once per process when ``target`` is a bare x86-64 ``llvm`` (see the module)."""
+    global _warned
+    if _warned or not is_bare_x86_llvm(target):
+        return
+    _warned = True
+    warnings.warn(
+        f"tvm_fusion: target 'llvm' names no CPU, so LLVM compiles for baseline x86-64 "
+        f"(SSE2, no AVX); name the CPU, e.g. {{'kind': 'llvm', 'mcpu': '{host_cpu()}'}} "
+        f"(tvm.target.codegen.llvm_get_system_cpu()) or tvm_fusion.target.host_target()",
+        UserWarning, stacklevel=3)

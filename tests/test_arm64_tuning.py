@@ -47,6 +47,7 @@ def _run_on_device(device, path: str, model) -> float:
     return max_abs_error([got], reference)
 
 
+@pytest.mark.slow  # ~100 s each on 2 cores: .ci/run runs them after the default suite
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("which", ["linux-tar", "android-so"])
 def test_tune_interrupt_resume_compile_tuned(arm64_device, tmp_path, which):
@@ -96,16 +97,19 @@ def test_tune_interrupt_resume_compile_tuned(arm64_device, tmp_path, which):
           f"emulated AArch64 device max |err| vs ORT {err:.2e}")
 
 
+@pytest.mark.slow  # ~3 min: two emulated servers; .ci/run runs it after the default suite
 @pytest.mark.timeout(900)
 def test_server_killed_mid_tuning_then_resume(arm64, tmp_path):
     """Two emulated servers under one key; one is killed while it serves a measurement:
     tuning finishes on the other, the death is in failures.jsonl, no stored record is lost,
     and a rerun resumes. Emulated sessions last seconds, so catching one in flight is no race
-    (the host-server version of this test, in test_rpc_tuning.py, stretches its sessions)."""
+    (the host-server version of this test, in test_rpc_tuning.py, stretches its sessions).
+    Sessions time out after 60 s: after the kill, the surviving server's next session was
+    seen to stall until its session timeout (inside TVM's tracker/server; not traced)."""
     model_path = small_model(tmp_path / "small.onnx")
     fleet = arm64.Device(key="fleet", servers=2)
     try:
         run_dead_server_scenario(fleet.tracker, fleet.key, fleet.servers[0], model_path,
-                                 str(tmp_path / "tune"), target=GNU, trials=12)
+                                 str(tmp_path / "tune"), target=GNU, trials=8)
     finally:
         fleet.close()

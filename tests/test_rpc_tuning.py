@@ -181,14 +181,16 @@ def test_dead_server_mid_tuning_then_resume(farm2, model_path, tmp_path):
 
 
 def run_dead_server_scenario(tracker: str, key: str, victim, model_path: str, work_dir: str,
-                             target, trials: int, min_repeat_ms: int = 5) -> None:
+                             target, trials: int, min_repeat_ms: int = 5,
+                             timeout_s: int = 60) -> None:
     """Tune ``trials`` in rounds of 4 on two servers; kill ``victim`` (a server process) while
     one of its sessions is open, after the first round is stored; check that tuning finished
     on the other server with nothing lost and the failure recorded; then resume 4 more."""
     mod = import_onnx(onnx.load(model_path))
     cfg = T.TuneConfig(tracker=tracker, key=key, target=target, trials=trials,
                        trials_per_iter=4, work_dir=work_dir, profile_db="", progress=False,
-                       compare_rounds=1, min_repeat_ms=min_repeat_ms)
+                       compare_rounds=1, min_repeat_ms=min_repeat_ms,
+                       session_timeout_s=timeout_s)
     outcome = {}
 
     def tune_thread():

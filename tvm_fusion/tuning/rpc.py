@@ -124,13 +124,17 @@ def create_session(rpc_config):
     under the key, retrying with back-off (``$TVM_FUSION_RPC_RETRIES``, default 3).
 
     A server that died after registering is only noticed when its session fails to open; the
-    tracker drops it once its connection closes, so a retry is handed another server.
+    tracker drops it once its connection closes, so a retry is handed another server. Each
+    attempt asks the tracker once (``max_retry=1``): TVM's own silent retries would hide the
+    dead server from ``failures.jsonl``.
     """
     retries = max(1, int(os.environ.get(RETRIES_ENV, "3")))
     last = None
     for attempt in range(retries):
         try:
-            return rpc_config.connect_server()
+            return rpc_config.connect_tracker().request(
+                key=rpc_config.tracker_key, priority=rpc_config.session_priority,
+                session_timeout=rpc_config.session_timeout_sec, max_retry=1)
         except Exception as err:  # noqa: BLE001 (connection errors come in many types)
             last = err
             _log_failure({"stage": "session", "key": rpc_config.tracker_key,

@@ -361,7 +361,7 @@ def test_android_ndk_shared_library(model_path, tmp_path):
     with open(out, "rb") as handle:
         head = handle.read(20)
     assert head[:4] == b"\x7fELF" and int.from_bytes(head[18:20], "little") == 183
-    assert rpc.builder_export(target) == rpc.NDK_EXPORT
+    assert rpc.builder_export(target) is rpc.export_ndk
 
 
 @pytest.mark.slow

@@ -67,7 +67,7 @@ def test_output_suffix_and_session_timeout_per_target():
         T.session_timeout(T.TuneConfig(None, None, session_timeout_s=0), gnu)
 
 
-@T_script.prim_func
+@T_script.prim_func(s_tir=True)
 def _add_one(a: T_script.Buffer((64,), "float32"), b: T_script.Buffer((64,), "float32")):
     for i in range(64):
         with T_script.sblock("b"):

@@ -64,10 +64,7 @@ def test_small_transformer_block(arm64_device):
     check_on_device(arm64_device, model, "transformer encoder layer (seq 32, hidden 64)")
 
 
-# ---------------------------------------------------------------------------- slow set
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(900)
 def test_tinybert_sized_layer(arm64_device):
     """A TinyBERT-4 layer's shapes (hidden 312, 12 heads, FFN 1200, seq 128), built with
     tvm_fusion.models: needs no zoo export."""
@@ -75,8 +72,7 @@ def test_tinybert_sized_layer(arm64_device):
     check_on_device(arm64_device, model, "TinyBERT-sized encoder layer", rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(900)
 def test_mobilenet_v2_blocks(arm64_device):
     """Two MobileNetV2 inverted residuals' convs (expand 1x1, depthwise 3x3 stride 2,
     project 1x1) at 56x56, conv_chains on."""
@@ -89,6 +85,18 @@ def test_mobilenet_v2_blocks(arm64_device):
     check_on_device(arm64_device, model, "MobileNetV2 blocks (conv_chains=cost_model)",
                     conv_chains="cost_model", rtol=1e-3, atol=1e-3)
 
+
+@pytest.mark.timeout(900)
+def test_resnet50_bottleneck_convs(arm64_device):
+    """ResNet-50's first bottleneck's convs (1x1 64, 3x3 64, 1x1 256 at 56x56; no residual
+    add: chain_model is single-path)."""
+    model = chain_model(64, 56, [("conv", 64, 1, 1, 0, 1, "relu"),
+                                 ("conv", 64, 3, 1, 1, 1, "relu"),
+                                 ("conv", 256, 1, 1, 0, 1, None)], seed=2)
+    check_on_device(arm64_device, model, "ResNet-50 bottleneck convs", rtol=1e-3, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------- slow set
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)

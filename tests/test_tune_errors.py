@@ -103,6 +103,22 @@ def test_ndk_export_runs_in_builder_workers(monkeypatch):
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
+@pytest.mark.timeout(120)
+def test_registered_name_is_not_seen_by_builder_workers():
+    """The bug that was: TVM's ``export_ndk`` *name* is unknown in a fresh builder worker, and
+    the error text is a whole traceback whose first line says nothing; ``root_cause`` finds
+    the line that does (what ``tune`` prints)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    with pytest.raises(ValueError) as info:
+        ms.builder.LocalBuilder(max_workers=1,
+                                f_export="s_tir.meta_schedule.builder.export_ndk")
+    assert str(info.value).startswith("Traceback")
+    cause = rpc.root_cause(info.value)
+    # (TVM 0.27's message prints the literal "{name}": its f-string lacks the f)
+    assert cause.startswith("ValueError") and "not registered on the worker process" in cause
+
+
 @pytest.mark.timeout(300)
 def test_every_measurement_failed_exits_1_with_the_root_cause(tmp_path, capsys):
     """A server whose compiler cannot link the uploaded candidates (CXX=/bin/false): every

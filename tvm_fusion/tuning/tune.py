@@ -477,9 +477,8 @@ def _tune(mod, cfg: TuneConfig, target, host, port, servers, work_dir, meta, db,
                 cost_model=cost_model,
                 measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
                                    progress])
-        except (KeyboardInterrupt, ValueError):
-            raise
-        except Exception as err:  # noqa: BLE001 (meta_schedule raises TVMError, RuntimeError)
+        except Exception as err:  # noqa: BLE001 (TVMError, RuntimeError, a ValueError whose
+            # text is a worker's whole traceback: its first line would say nothing)
             raise TuneError(f"meta_schedule stopped: {rpc.root_cause(err)} (work dir "
                             f"{work_dir}: rerun to resume)") from err
         finally:
@@ -496,8 +495,6 @@ def _tune(mod, cfg: TuneConfig, target, host, port, servers, work_dir, meta, db,
     compare = _make_runner(cfg, host, port, 1, compare=True)
     try:
         kernels = _choose(fused, target, tasks, db, cfg, compare, work_dir)
-    except (KeyboardInterrupt, ValueError):
-        raise
     except Exception as err:  # noqa: BLE001 (the builder's sanity check, a dead runner)
         raise TuneError(f"timing the chosen schedules failed: {rpc.root_cause(err)}") from err
     result = TuneResult(work_dir=work_dir, target=str(target), key=cfg.key, servers=servers,

@@ -27,8 +27,8 @@ What each less obvious part is for:
 * ``CXX=aarch64-linux-gnu-g++``: a ``.tar`` upload (meta_schedule's export for a Linux target)
   is linked on the device by ``get_cc()``; the emulated process runs the host's cross g++.
 
-Tests use :class:`Device` (``tests/arm64.py``) and skip, with the reason, when
-:func:`unavailable` says why the device cannot be had.
+Tests use :class:`Device` (fixtures ``arm64``, ``arm64_device`` in ``tests/conftest.py``) and
+skip, with the reason, when :func:`unavailable` says why the device cannot be had.
 """
 
 from __future__ import annotations

@@ -119,8 +119,18 @@ def test_registered_name_is_not_seen_by_builder_workers():
     assert cause.startswith("ValueError") and "not registered on the worker process" in cause
 
 
+@pytest.fixture
+def small_search(monkeypatch):
+    """``tune`` with a 16-candidate evolutionary population (256 by default): these tests
+    check the flow and the errors, not the search, and the default's first round takes ~20 s
+    here."""
+    import functools
+
+    monkeypatch.setattr(T, "TuneConfig", functools.partial(T.TuneConfig, population=16))
+
+
 @pytest.mark.timeout(300)
-def test_every_measurement_failed_exits_1_with_the_root_cause(tmp_path, capsys):
+def test_every_measurement_failed_exits_1_with_the_root_cause(tmp_path, capsys, small_search):
     """A server whose compiler cannot link the uploaded candidates (CXX=/bin/false): every
     trial and the hand schedule fail; tune says why in one line and exits 1, and
     failures.jsonl holds each whole error with its cause."""
@@ -152,7 +162,7 @@ def test_every_measurement_failed_exits_1_with_the_root_cause(tmp_path, capsys):
 
 
 @pytest.mark.timeout(300)
-def test_tune_local_needs_no_tracker(tmp_path, capsys):
+def test_tune_local_needs_no_tracker(tmp_path, capsys, small_search):
     model_path = small_model(tmp_path / "small.onnx")
     before = set(rpc.children(os.getpid()))
     rc = main(["tune", model_path, "--local", "--trials", "4", "--trials-per-iter", "4",

@@ -37,3 +37,44 @@ def check_model(model, rtol=1e-4, atol=1e-5, seed=0, **options):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+# --------------------------------------------------------------- the emulated AArch64 device
+
+def _arm64_script():
+    """``scripts/arm64_device.py`` as a module (scripts/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "arm64_device.py"
+    spec = importlib.util.spec_from_file_location("arm64_device", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def arm64():
+    """The module that sets up and starts emulated AArch64 RPC servers; the test is skipped,
+    with the reason, when this machine cannot have one (no qemu-aarch64-static or cross g++,
+    or the one-time setup could not download the userland)."""
+    module = _arm64_script()
+    reason = module.unavailable()
+    if reason:
+        pytest.skip(reason)
+    try:
+        module.setup()
+    except RuntimeError as err:
+        pytest.skip(str(err))
+    return module
+
+
+@pytest.fixture(scope="session")
+def arm64_device(arm64):
+    """A tracker and one emulated AArch64 server under key ``arm64`` for the whole session,
+    stopped by process id at its end."""
+    device = arm64.Device(key="arm64", servers=1)
+    try:
+        yield device
+    finally:
+        device.close()

@@ -18,7 +18,9 @@ This module holds what :mod:`.tune` and the launchers in ``scripts/`` share:
 * :func:`is_android`, :func:`builder_export`, :func:`export_library`: the NDK's clang
   (``$TVM_NDK_CC``, through :mod:`tvm.support.ndk`) when the target runs on Android, the host
   compiler otherwise; Android without ``TVM_NDK_CC`` is a clear error, never a host ``.so``
-  that the phone cannot load;
+  that the phone cannot load; :func:`library_suffix` says which file a target's build is;
+* :func:`root_cause`: the line of a remote or worker traceback that says what went wrong
+  (meta_schedule's messages start with "RPCRunner: An exception occurred");
 * :func:`start_tracker`, :func:`start_server`, :func:`kill_tree`, :func:`free_port`: local
   processes for the launchers and the tests. The Python server runs the real server in a
   ``popen_worker`` child; killing only the parent leaves an orphan that keeps the port and
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -38,7 +41,6 @@ import time
 import tvm
 
 NDK_ENV = "TVM_NDK_CC"
-NDK_EXPORT = "s_tir.meta_schedule.builder.export_ndk"  # registered by meta_schedule's builder
 
 
 # ------------------------------------------------------------------------------- tracker
@@ -122,17 +124,22 @@ def create_session(rpc_config):
     under the key, retrying with back-off (``$TVM_FUSION_RPC_RETRIES``, default 3).
 
     A server that died after registering is only noticed when its session fails to open; the
-    tracker drops it once its connection closes, so a retry is handed another server.
+    tracker drops it once its connection closes, so a retry is handed another server. Each
+    attempt asks the tracker once (``max_retry=1``): TVM's own silent retries would hide the
+    dead server from ``failures.jsonl``.
     """
     retries = max(1, int(os.environ.get(RETRIES_ENV, "3")))
     last = None
     for attempt in range(retries):
         try:
-            return rpc_config.connect_server()
+            return rpc_config.connect_tracker().request(
+                key=rpc_config.tracker_key, priority=rpc_config.session_priority,
+                session_timeout=rpc_config.session_timeout_sec, max_retry=1)
         except Exception as err:  # noqa: BLE001 (connection errors come in many types)
             last = err
             _log_failure({"stage": "session", "key": rpc_config.tracker_key,
-                          "attempt": attempt + 1, "error": _first_line(err)})
+                          "attempt": attempt + 1, "cause": root_cause(err),
+                          "error": whole_error(err)})
             time.sleep(min(0.5 * 2 ** attempt, 4.0))
     raise RuntimeError(f"no RPC session under key {rpc_config.tracker_key!r} after {retries} "
                        f"attempts: {last}")
@@ -141,8 +148,47 @@ def create_session(rpc_config):
 FAILURES_ENV = "TVM_FUSION_RPC_FAILURES"
 
 
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+MAX_ERROR_CHARS = 20000  # a whole remote traceback, with the compiler's output; not a log
+
+
+def whole_error(err) -> str:
+    """The whole text of an error (an exception or a message), capped at 20,000 characters
+    (the end kept: the cause is last)."""
+    text = (str(err) if not isinstance(err, BaseException) else
+            (str(err).strip() or type(err).__name__)).strip()
+    return text if len(text) <= MAX_ERROR_CHARS else "..." + text[-MAX_ERROR_CHARS:]
+
+
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(?:\w*Error|\w*Exception|TVMError|Check failed)"
+                         r"\b[^\n]*")
+_NOISE = ("Traceback (most recent call last)", "RPCRunner: An exception occurred",
+          "LocalBuilder: An exception occurred", "LocalRunner: An exception occurred",
+          "During handling of the above exception", "The above exception was the direct")
+
+
+def root_cause(err, limit: int = 400) -> str:
+    """One line that says what went wrong in ``err`` (an exception or its text).
+
+    meta_schedule reports a failed candidate as ``RPCRunner: An exception occurred`` followed
+    by the remote traceback; the cause is the *last* ``SomeError: ...`` line (with the lines
+    that continue it, e.g. a compiler's output), not the first line."""
+    text = whole_error(err)
+    lines = [ln.rstrip() for ln in text.splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        if _ERROR_LINE.match(lines[i]) and not lines[i].lstrip().startswith("File "):
+            parts = [lines[i].strip()]
+            for ln in lines[i + 1:]:  # what continues the message (a compiler's output)
+                ln = ln.strip()
+                if ln.startswith(("File ", "Traceback")):
+                    break
+                if ln and ln not in parts:
+                    parts.append(ln)
+            cause = " ".join(parts)
+            return cause if len(cause) <= limit else cause[:limit - 3] + "..."
+    useful = [ln.strip() for ln in lines
+              if ln.strip() and not ln.strip().startswith(_NOISE)
+              and not ln.lstrip().startswith("File ")]
+    return (useful[-1] if useful else (lines[0].strip() if lines else "error"))[:limit]
 
 
 def _log_failure(entry: dict) -> None:
@@ -227,22 +273,55 @@ def build_candidate(mod, target, _params=None):
     return tvm.tirx.build(mod, target=target)
 
 
+def export_ndk(mod) -> str:
+    """``f_export`` for Android: link the candidate into a ``.so`` with ``$TVM_NDK_CC``.
+
+    A module-level function, so that meta_schedule's builder workers unpickle it by reference
+    (this package is on their ``$PYTHONPATH``, :func:`ensure_importable`). The name
+    ``s_tir.meta_schedule.builder.export_ndk`` would not do: ``tvm.support.ndk`` registers it
+    only in processes that import that module, and the builder's workers do not."""
+    import tempfile
+
+    from tvm.support import ndk
+
+    path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
+    mod.export_library(path, fcompile=ndk.create_shared)
+    return path
+
+
 def builder_export(target: tvm.target.Target):
     """``f_export`` for meta_schedule's ``LocalBuilder``: ``None`` (its default: a tar of object
     files, linked by the server's own compiler) for this machine or a Linux board with a
-    compiler; the NDK export (a ``.so``) for Android, which has no compiler."""
+    compiler; :func:`export_ndk` (a ``.so``) for Android, which has no compiler."""
     if is_android(target):
         _require_ndk(str(target))
-        return NDK_EXPORT
+        return export_ndk
     return None
+
+
+def cross_cxx(target: tvm.target.Target) -> str | None:
+    """The cross C++ compiler for a Linux ``target`` of another machine, when installed here
+    (``<mtriple>-g++``, e.g. Debian's ``g++-aarch64-linux-gnu``)."""
+    import shutil
+
+    triple = _mtriple(target)
+    return shutil.which(f"{triple}-g++") if triple and not is_android(target) else None
+
+
+def library_suffix(target: tvm.target.Target) -> str:
+    """The file a build for ``target`` is exported to: ``.so`` for this machine and for Android
+    (linked by ``$TVM_NDK_CC``), ``.tar`` of objects for another Linux machine (linked there
+    by the RPC server's compiler: this machine has no linker for it)."""
+    return ".tar" if is_cross(target) and not is_android(target) else ".so"
 
 
 def export_library(module, path: str, target: tvm.target.Target) -> str:
     """Export a compiled module (a ``tvm.compile`` result) so the device can load it.
 
     Android: ``path`` must end in ``.so`` and is linked by the NDK (``$TVM_NDK_CC``), or in
-    ``.tar`` (object files, for inspection; no NDK needed). Otherwise the host compiler links
-    ``.so`` and ``.tar`` is a tar of objects.
+    ``.tar`` (object files, for inspection; no NDK needed). Another Linux machine: ``.tar``,
+    or ``.so`` linked by that triple's cross compiler (``aarch64-linux-gnu-g++``) when it is
+    installed here. Otherwise the host compiler links ``.so`` and ``.tar`` is a tar of objects.
     """
     path = os.fspath(path)
     if path.endswith(".tar"):
@@ -255,8 +334,15 @@ def export_library(module, path: str, target: tvm.target.Target) -> str:
         module.export_library(path, fcompile=ndk.create_shared)
         return path
     if is_cross(target):
-        raise ValueError(f"--target {target}: cross-compiled for {_mtriple(target)}; export to "
-                         "a .tar of objects, or link with that platform's compiler")
+        cross = cross_cxx(target)
+        if cross is None:
+            raise ValueError(f"--target {target}: cross-compiled for {_mtriple(target)}; "
+                             f"export to a .tar of objects, or install that platform's "
+                             f"compiler ({_mtriple(target)}-g++) to link a .so")
+        from tvm.support import cc
+
+        module.export_library(path, fcompile=cc.cross_compiler(cross))
+        return path
     module.export_library(path)
     return path
 
@@ -319,16 +405,23 @@ def start_tracker(host: str = "127.0.0.1", port: int | None = None, log=None,
 
 
 def start_server(tracker: str, key: str, host: str = "127.0.0.1", port: int | None = None,
-                 log=None, timeout_s: float = 30.0) -> tuple[subprocess.Popen, int]:
+                 log=None, timeout_s: float = 30.0, python: list[str] | None = None,
+                 env: dict | None = None,
+                 extra_args: list[str] | None = None) -> tuple[subprocess.Popen, int]:
     """Start ``python -m tvm.exec.rpc_server`` registered at ``tracker`` (``HOST:PORT``) under
-    ``key``; returns the process and its port once it listens."""
+    ``key``; returns the process and its port once it listens.
+
+    ``python`` (a command, default this interpreter), ``env`` and ``extra_args`` start another
+    Python's server, e.g. an emulated AArch64 one (``scripts/arm64_device.py``): it starts in
+    tens of seconds, hence its own ``timeout_s``."""
     parse_tracker(tracker)
     port = port or free_port(host)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tvm.exec.rpc_server", "--host", host, "--port", str(port),
-         "--port-end", str(port + 1), "--tracker", tracker, "--key", key],
-        env=_env(), stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        [*(python or [sys.executable]), "-m", "tvm.exec.rpc_server", "--host", host,
+         "--port", str(port), "--port-end", str(port + 1), "--tracker", tracker,
+         "--key", key, *(extra_args or [])],
+        env=_env() if env is None else env, stdout=log or subprocess.DEVNULL,
+        stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_listening(host, port, proc, timeout_s, f"rpc_server ({key})")
     except BaseException:
@@ -373,6 +466,25 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL, timeout_s: float = 10.0) -> N
         if done:
             return
         time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def local_farm(key: str, servers: int = 1, timeout_s: float = 60.0):
+    """A tracker and ``servers`` servers of this machine on 127.0.0.1 (free ports) for
+    ``tvm-fusion tune --local``; yields the tracker's ``HOST:PORT`` and kills them all, by
+    process id, on the way out (an error or Ctrl-C included)."""
+    procs = []
+    try:
+        tracker_proc, port = start_tracker("127.0.0.1", timeout_s=timeout_s)
+        procs.append(tracker_proc)
+        tracker = f"127.0.0.1:{port}"
+        for _ in range(servers):
+            procs.append(start_server(tracker, key, timeout_s=timeout_s)[0])
+        wait_for_servers("127.0.0.1", port, key, servers, timeout_s=timeout_s)
+        yield tracker
+    finally:
+        for proc in reversed(procs):
+            kill_tree(proc.pid)
 
 
 def serve_until_signal(proc: subprocess.Popen) -> int:

@@ -65,14 +65,14 @@ FORMAT = "tvm_fusion.tuning"
 class TuneConfig:
     """Everything ``tvm-fusion tune`` takes (see the module docstring)."""
 
-    tracker: str
-    key: str
+    tracker: str | None  # None with ``local``: a tracker and a server on this machine
+    key: str | None
     target: str | dict | tvm.target.Target = "llvm"
     trials: int = 64
     work_dir: str = "tuning"
     target_host: str | dict | None = None
     trials_per_iter: int = 8
-    session_timeout_s: int = 60
+    session_timeout_s: int | None = None  # None: 60 s here, 300 s on another machine
     number: int = 3
     repeat: int = 1
     min_repeat_ms: int = 5
@@ -83,6 +83,28 @@ class TuneConfig:
     seed: int = 0
     progress: bool = True
     builder_workers: int | None = None
+    local: bool = False  # tune on this machine: start (and stop) a tracker and a server
+
+
+class TuneError(RuntimeError):
+    """Tuning ran but measured nothing usable (every trial and the hand schedule failed), or
+    meta_schedule stopped; the message is one line with the root cause."""
+
+
+LOCAL_KEY = "local"
+SESSION_TIMEOUT_S = 60  # per remote measurement on this machine
+SLOW_SESSION_TIMEOUT_S = 300  # on a phone or an emulated device: uploads, linking there, 100x
+
+
+def session_timeout(cfg: TuneConfig, target: tvm.target.Target) -> int:
+    """Seconds per remote measurement: ``cfg.session_timeout_s``, or by default 60 s on this
+    machine and 300 s on another one (a phone over USB, an emulated AArch64 device that runs
+    35-100x slower and links each ``.tar`` candidate with an emulated compiler driver)."""
+    if cfg.session_timeout_s is not None:
+        if cfg.session_timeout_s < 1:
+            raise ValueError(f"--timeout {cfg.session_timeout_s}: must be >= 1 second")
+        return int(cfg.session_timeout_s)
+    return SLOW_SESSION_TIMEOUT_S if rpc.is_cross(target) else SESSION_TIMEOUT_S
 
 
 @dataclass
@@ -97,6 +119,7 @@ class KernelResult:
     tuned_s: float | None
     hand_s: float | None
     choice: str  # "tuned" | "hand"
+    error: str | None = None  # root cause when neither schedule could be timed
 
 
 @dataclass
@@ -110,6 +133,7 @@ class TuneResult:
     failed_run: int  # of which failed (dead server, crash, timeout)
     kernels: list[KernelResult]
     seconds: float
+    suffix: str = ".so"  # what ``compile --tuned`` exports for this target: .so or .tar
 
     @property
     def trials_total(self) -> int:
@@ -277,6 +301,7 @@ def _make_progress_callback(total: int, initial: int, work_dir: str, enabled: bo
                             disable=not enabled, dynamic_ncols=True)
             self.measured = 0
             self.failed = 0
+            self.causes: dict[str, int] = {}
             self.best: dict[str, float] = {}
 
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
@@ -288,10 +313,12 @@ def _make_progress_callback(total: int, initial: int, work_dir: str, enabled: bo
                 error = b.error_msg or r.error_msg
                 if error:
                     self.failed += 1
-                    first = (str(error).strip().splitlines() or ["error"])[0][:300]
+                    cause = rpc.root_cause(error)
+                    self.causes[cause] = self.causes.get(cause, 0) + 1
                     lines.append(json.dumps({"task": name, "at": time.time(),
                                              "stage": "build" if b.error_msg else "run",
-                                             "error": first}))
+                                             "cause": cause,
+                                             "error": rpc.whole_error(error)}))
                 elif r.run_secs:
                     t = statistics.fmean(float(x) for x in r.run_secs)
                     self.best[name] = min(self.best.get(name, float("inf")), t)
@@ -350,11 +377,16 @@ def _tune_contexts(tasks, work_dir: str, cfg: TuneConfig):
 
 
 def tune(mod: tvm.IRModule, cfg: TuneConfig) -> TuneResult:
-    """Tune the fused kernels of a Relax module (from ``import_onnx``) through the tracker.
+    """Tune the fused kernels of a Relax module (from ``import_onnx``) through the tracker,
+    or with ``cfg.local`` on this machine (a tracker and a server started here and stopped
+    at the end).
 
     Raises ``ValueError`` naming the option for an unreachable tracker (``--tracker``), no
-    server under the key (``--key``), a bad target (``--target``) or trials (``--trials``).
+    server under the key (``--key``), a bad target (``--target``) or trials (``--trials``);
+    :class:`TuneError` (one line, the root cause) when meta_schedule stops or when every
+    trial of this run and every hand-schedule measurement failed.
     """
+    import dataclasses
 
     start = time.perf_counter()
     if cfg.trials < 0:
@@ -362,11 +394,28 @@ def tune(mod: tvm.IRModule, cfg: TuneConfig) -> TuneResult:
     if cfg.trials_per_iter < 1:
         raise ValueError(f"--trials-per-iter {cfg.trials_per_iter}: must be >= 1")
     target = resolve_target(cfg.target, cfg.target_host)
+    cfg = dataclasses.replace(cfg, session_timeout_s=session_timeout(cfg, target))
+    rpc.builder_export(target)  # Android without the NDK: fail before any work
+    if cfg.local:
+        if cfg.tracker:
+            raise ValueError("--local: tunes on this machine with its own tracker; drop "
+                             "--tracker (or drop --local to use that tracker)")
+        if rpc.is_cross(target) or target.kind.name != "llvm":
+            raise ValueError(f"--local: measures on this machine's CPU, but --target is "
+                             f"{_target_dict(target)}; use a tracker with the device's "
+                             "server (--tracker, --key)")
+        with rpc.local_farm(cfg.key or LOCAL_KEY) as tracker:
+            return tune(mod, dataclasses.replace(cfg, local=False, tracker=tracker,
+                                                 key=cfg.key or LOCAL_KEY))
+    if not cfg.tracker:
+        raise ValueError("--tracker: required (HOST:PORT of the RPC tracker), or --local to "
+                         "tune on this machine")
+    if not cfg.key:
+        raise ValueError("--key: required with --tracker (the key the servers registered "
+                         "under, e.g. android)")
     host, port = rpc.parse_tracker(cfg.tracker)
     servers = rpc.check_farm(host, port, cfg.key)
-    builder_check = rpc.builder_export(target)  # Android without the NDK: fail before work
-    del builder_check
-    rpc.ensure_importable()  # the runner's workers unpickle rpc.create_session by reference
+    rpc.ensure_importable()  # the workers unpickle rpc.create_session / export_ndk by reference
 
     work_dir = os.path.abspath(cfg.work_dir)
     meta = read_meta(work_dir) if os.path.isdir(work_dir) else {}
@@ -428,6 +477,10 @@ def _tune(mod, cfg: TuneConfig, target, host, port, servers, work_dir, meta, db,
                 cost_model=cost_model,
                 measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
                                    progress])
+        except Exception as err:  # noqa: BLE001 (TVMError, RuntimeError, a ValueError whose
+            # text is a worker's whole traceback: its first line would say nothing)
+            raise TuneError(f"meta_schedule stopped: {rpc.root_cause(err)} (work dir "
+                            f"{work_dir}: rerun to resume)") from err
         finally:
             progress.close()
             ran, failed = progress.measured, progress.failed
@@ -440,10 +493,14 @@ def _tune(mod, cfg: TuneConfig, target, host, port, servers, work_dir, meta, db,
         except Exception:  # noqa: BLE001 (the cost model is only a warm start)
             pass
     compare = _make_runner(cfg, host, port, 1, compare=True)
-    kernels = _choose(fused, target, tasks, db, cfg, compare, work_dir)
+    try:
+        kernels = _choose(fused, target, tasks, db, cfg, compare, work_dir)
+    except Exception as err:  # noqa: BLE001 (the builder's sanity check, a dead runner)
+        raise TuneError(f"timing the chosen schedules failed: {rpc.root_cause(err)}") from err
     result = TuneResult(work_dir=work_dir, target=str(target), key=cfg.key, servers=servers,
                         trials_before=done, trials_run=ran, failed_run=failed,
-                        kernels=kernels, seconds=time.perf_counter() - start)
+                        kernels=kernels, seconds=time.perf_counter() - start,
+                        suffix=rpc.library_suffix(target))
     _write_meta(work_dir, {
         "target": str(target), "key": cfg.key, "tracker": cfg.tracker,
         "trials": result.trials_total, "options": _jsonable(cfg.options),
@@ -452,6 +509,16 @@ def _tune(mod, cfg: TuneConfig, target, host, port, servers, work_dir, meta, db,
                                  "failed": k.failed} for k in kernels},
         "updated_at": time.time(), "tvm_version": tvm.__version__})
     _record_profiles(cfg, target, kernels, tasks)
+    timed = any(k.tuned_s is not None or k.hand_s is not None for k in kernels)
+    if not timed and (ran == 0 or failed == ran):
+        causes = dict(progress.causes) if progress is not None else {}
+        for k in kernels:
+            if k.error:
+                causes[k.error] = causes.get(k.error, 0) + 1
+        cause = max(causes, key=causes.get) if causes else "no measurement came back"
+        raise TuneError(f"every measurement failed ({failed} of {ran} trials this run, and "
+                        f"the hand schedules): {cause} (all errors in "
+                        f"{os.path.join(work_dir, FAILURES_FILE)}; docs/android.md section 8)")
     return result
 
 
@@ -462,7 +529,8 @@ def _jsonable(options: dict) -> dict:
 def measure_modules(mods: list[tvm.IRModule], target: tvm.target.Target, builder, runner,
                     rounds: int = 1) -> list[list[float] | str]:
     """Build each ``main`` module with ``builder`` and time it ``rounds`` times on ``runner``
-    (interleaved); per module, the samples (seconds) or the first error line."""
+    (interleaved); per module, the samples (seconds) or the root cause of its error (one
+    line, :func:`.rpc.root_cause`)."""
     from tvm.s_tir import meta_schedule as ms
 
     built = builder.build([ms.builder.BuilderInput(m, target) for m in mods])
@@ -470,7 +538,7 @@ def measure_modules(mods: list[tvm.IRModule], target: tvm.target.Target, builder
     inputs, slots = [], []
     for i, (m, b) in enumerate(zip(mods, built)):
         if b.error_msg:
-            out.append(str(b.error_msg).strip().splitlines()[0][:300])
+            out.append(rpc.root_cause(b.error_msg))
             continue
         out.append([])
         args = ms.arg_info.ArgInfo.from_prim_func(m["main"])
@@ -487,7 +555,7 @@ def measure_modules(mods: list[tvm.IRModule], target: tvm.target.Target, builder
                     continue
                 if res.error_msg:
                     if not out[i]:
-                        out[i] = str(res.error_msg).strip().splitlines()[0][:300]
+                        out[i] = rpc.root_cause(res.error_msg)
                     continue
                 out[i].extend(float(x) for x in res.run_secs)
     finally:
@@ -529,10 +597,19 @@ def _choose(fused, target, tasks, db, cfg, runner, work_dir) -> list[KernelResul
             if isinstance(samples, list) and samples:
                 setattr(kr, f"{which}_s", statistics.median(samples))
                 kr.__dict__.setdefault("_samples", {})[which] = samples
+            elif isinstance(samples, str):
+                kr.error = samples
+                _append_failure(work_dir, {"task": kr.name, "stage": f"compare-{which}",
+                                           "cause": samples, "error": samples})
     for kr in results:
         if kr.tuned_s is not None and (kr.hand_s is None or kr.tuned_s < kr.hand_s):
             kr.choice = "tuned"
     return results
+
+
+def _append_failure(work_dir: str, entry: dict) -> None:
+    with open(os.path.join(work_dir, FAILURES_FILE), "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({**entry, "at": time.time()}) + "\n")
 
 
 def _record_profiles(cfg: TuneConfig, target, kernels: list[KernelResult], tasks) -> None:
@@ -639,13 +716,16 @@ def compile_tuned(mod: tvm.IRModule, work_dir: str, target=None, **options):
 
 def remote_latency(executable, inputs: list[np.ndarray], tracker: str, key: str,
                    target: tvm.target.Target, repeat: int = 10,
-                   min_repeat_ms: int = 20) -> list[float]:
-    """Samples (seconds per run) of a whole compiled model on a device of the farm."""
+                   min_repeat_ms: int = 20, timeout_s: float | None = None) -> list[float]:
+    """Samples (seconds per run) of a whole compiled model on a device of the farm
+    (``timeout_s``: the session's, by default 60 s here and 300 s on another machine)."""
     from .measure import RPCRunner, TimingConfig
 
     host, port = rpc.parse_tracker(tracker)
-    session = rpc.request_session(host, port, key)
-    suffix = ".so" if not rpc.is_cross(target) or rpc.is_android(target) else ".tar"
+    if timeout_s is None:
+        timeout_s = SLOW_SESSION_TIMEOUT_S if rpc.is_cross(target) else SESSION_TIMEOUT_S
+    session = rpc.request_session(host, port, key, timeout_s=timeout_s)
+    suffix = rpc.library_suffix(target)
     runner = RPCRunner(session, f"rpc/{key}", _device_type(target),
                        TimingConfig(number=1, repeat=repeat, min_repeat_ms=min_repeat_ms),
                        export=lambda ex, path: rpc.export_library(ex, path, target),
@@ -654,8 +734,37 @@ def remote_latency(executable, inputs: list[np.ndarray], tracker: str, key: str,
     return [sample() for _ in range(repeat)]
 
 
-__all__ = ["TuneConfig", "TuneResult", "KernelResult", "tune", "compile_tuned", "apply_tuned",
-           "fused_module", "resolve_target", "open_database", "remote_latency",
-           "measure_modules", "tuned_target"]
+def remote_run(executable, inputs: list[np.ndarray], tracker: str, key: str,
+               target: tvm.target.Target, timeout_s: float | None = None,
+               suffix: str | None = None) -> list[np.ndarray]:
+    """Run a compiled model once on a device of the farm; its outputs as numpy arrays.
+
+    The library is exported for ``target`` (:func:`.rpc.export_library`; ``suffix`` ``.so`` or
+    ``.tar``, default :func:`.rpc.library_suffix`), uploaded under a fresh name and run with
+    the inputs copied to the device: what checks the numerics of a cross-compiled build on a
+    phone or the emulated AArch64 device."""
+    import tempfile
+    import uuid
+
+    from ..compile import _flatten
+
+    host, port = rpc.parse_tracker(tracker)
+    if timeout_s is None:
+        timeout_s = SLOW_SESSION_TIMEOUT_S if rpc.is_cross(target) else SESSION_TIMEOUT_S
+    session = rpc.request_session(host, port, key, timeout_s=timeout_s)
+    name = f"tvm_fusion_{uuid.uuid4().hex}{suffix or rpc.library_suffix(target)}"
+    with tempfile.TemporaryDirectory(prefix="tvm_fusion_rpc_") as tmp:
+        path = os.path.join(tmp, name)
+        rpc.export_library(executable, path, target)
+        session.upload(path)
+    dev = session.device(_device_type(target), 0)
+    vm = relax.VirtualMachine(session.load_module(name), dev)
+    result = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs])
+    return _flatten(result)
+
+
+__all__ = ["TuneConfig", "TuneResult", "KernelResult", "TuneError", "tune", "compile_tuned",
+           "apply_tuned", "fused_module", "resolve_target", "open_database", "remote_latency",
+           "remote_run", "measure_modules", "tuned_target"]
 
 _ = relax  # relax is imported for its side effects on tvm.compile's pipelines

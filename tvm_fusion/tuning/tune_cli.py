@@ -3,13 +3,17 @@
 ``add_tune_parser(subparsers)`` adds the ``tune`` command; :func:`compile_tuned_cmd` is what
 ``tvm-fusion compile --tuned D`` runs. Bad input (an unreachable tracker, no server under the
 key, a bad target, Android without ``$TVM_NDK_CC``) is a ``ValueError`` with a one-line message
-naming the option, which ``tvm-fusion``'s ``main`` prints with exit code 2.
+naming the option, which ``tvm-fusion``'s ``main`` prints with exit code 2. A tuning that ran
+but measured nothing (every trial and the hand schedules failed) or that meta_schedule stopped
+is one line with the root cause and exit code 1 (the whole errors are in ``failures.jsonl``).
+``--local`` tunes on this machine: a tracker and a server are started and stopped here.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def add_tune_parser(subparsers) -> argparse.ArgumentParser:
@@ -18,10 +22,14 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
         "tune", help="meta_schedule tuning of the fused kernels over an RPC tracker",
         description=__doc__.splitlines()[0])
     tune.add_argument("model", help="ONNX file")
-    tune.add_argument("--tracker", required=True, metavar="HOST:PORT",
-                      help="the RPC tracker (scripts/rpc_tracker.py)")
-    tune.add_argument("--key", required=True,
+    tune.add_argument("--tracker", default=None, metavar="HOST:PORT",
+                      help="the RPC tracker (scripts/rpc_tracker.py); required without "
+                           "--local")
+    tune.add_argument("--key", default=None,
                       help="device key the servers registered under, e.g. android")
+    tune.add_argument("--local", action="store_true",
+                      help="tune on this machine: start a tracker and a server here, stop "
+                           "them at the end (no --tracker; a target for this CPU)")
     tune.add_argument("--target", default="llvm",
                       help="TVM target: kind, tag or JSON dict, e.g. '{\"kind\": \"llvm\", "
                            "\"mtriple\": \"aarch64-linux-android\", \"num-cores\": 8}' or "
@@ -36,8 +44,9 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
                       help="tuning database and logs; reuse it to resume")
     tune.add_argument("--trials-per-iter", type=int, default=8,
                       help="candidates per search round (the most an interruption loses)")
-    tune.add_argument("--timeout", type=int, default=60,
-                      help="seconds per remote measurement (session, upload, run)")
+    tune.add_argument("--timeout", type=int, default=None,
+                      help="seconds per remote measurement (session, upload, run); default "
+                           "60 on this machine, 300 on another (a phone, an emulated device)")
     tune.add_argument("--number", type=int, default=3, help="runs per timing sample")
     tune.add_argument("--repeat", type=int, default=1, help="timing samples per candidate")
     tune.add_argument("--profile-db", default=None,
@@ -54,7 +63,7 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
 def _cmd_tune(args) -> int:
     from ..compile import import_onnx, load_onnx
     from ..options import parse_cli_options
-    from .tune import TuneConfig, tune
+    from .tune import TuneConfig, TuneError, tune
 
     options = parse_cli_options(args.option)  # a bad -O fails before the model loads
     mod = import_onnx(load_onnx(args.model))
@@ -64,8 +73,12 @@ def _cmd_tune(args) -> int:
                      trials_per_iter=args.trials_per_iter, session_timeout_s=args.timeout,
                      number=args.number, repeat=args.repeat, profile_db=profile_db,
                      options=options, progress=not args.no_progress,
-                     seed=args.seed)
-    result = tune(mod, cfg)
+                     seed=args.seed, local=args.local)
+    try:
+        result = tune(mod, cfg)
+    except TuneError as err:
+        print(f"tvm-fusion: error: tune: {err}", file=sys.stderr)
+        return 1
     print(f"tuned {len(result.kernels)} fused kernels on {result.servers} server(s) under "
           f"key {result.key!r}: {result.trials_run} trials this run ({result.failed_run} "
           f"failed), {result.trials_total} in {result.work_dir}; {result.seconds:.0f} s")
@@ -74,7 +87,8 @@ def _cmd_tune(args) -> int:
         hand = "-" if k.hand_s is None else f"{k.hand_s * 1e6:.1f} us"
         print(f"  {k.name}: tuned {tuned}, hand schedule {hand} -> {k.choice} "
               f"({k.records} records, {k.failed} failed)")
-    print(f"build with it: tvm-fusion compile {args.model} --tuned {args.work_dir} -o model.so")
+    print(f"build with it: tvm-fusion compile {args.model} --tuned {args.work_dir} "
+          f"-o model{result.suffix}")
     return 0
 
 

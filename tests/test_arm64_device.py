@@ -1,0 +1,109 @@
+"""Issue 22: AArch64 code run on an emulated AArch64 device through TVM's RPC, against ONNX Runtime.
+
+The device is ``scripts/arm64_device.py``: a real ``tvm.exec.rpc_server`` in an AArch64 Python
+under ``qemu-aarch64-static``, registered at a tracker on 127.0.0.1 (fixtures ``arm64`` and
+``arm64_device`` in conftest.py; skipped with the reason where qemu or the cross g++ is absent).
+Models are compiled here for ``{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr":
+["+neon"]}``, linked with ``aarch64-linux-gnu-g++``, uploaded, run there and compared with
+ONNX Runtime on the same inputs. Emulated timings mean nothing; only outputs are checked.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, load_onnx
+from tvm_fusion.models import transformer_encoder_layer
+from tvm_fusion.relay_passes.conv_chains_testing import chain_model
+from tvm_fusion.testing import compare, max_abs_error, onnx_reference, random_inputs
+from tvm_fusion.tuning import tune as T
+
+AARCH64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"], "num-cores": 2}
+MODELS_DIR = Path(os.environ.get("TVM_FUSION_MODELS", Path(__file__).parent.parent / "models"))
+
+
+def check_on_device(device, model, name: str, suffix: str = ".so", rtol=1e-4, atol=1e-4,
+                    **options) -> float:
+    """Compile ``model`` for AArch64, run it on ``device``, compare with ONNX Runtime; returns
+    the max abs error (printed with the model's name)."""
+    target = T.resolve_target(AARCH64)
+    executable = compile_model(import_onnx(model), target, **options)
+    feeds = random_inputs(model, seed=0)
+    inputs = [feeds[n] for n in graph_input_names(model)]
+    got = T.remote_run(executable, inputs, device.tracker, device.key, target, suffix=suffix)
+    reference = onnx_reference(model, feeds)
+    err = max_abs_error(got, reference)
+    print(f"\n[issue 22] {name} on the emulated AArch64 device ({suffix}): max |err| vs ORT "
+          f"{err:.2e}")
+    compare(got, reference, rtol=rtol, atol=atol)
+    return err
+
+
+# ------------------------------------------------------------------------- default suite
+
+@pytest.mark.timeout(600)
+def test_small_conv_net_with_conv_chains(arm64_device):
+    """A depthwise-pointwise chain that conv_chains fuses into one kernel (the OptiFX
+    template's AArch64 code), then a plain 3x3 conv + maxpool net."""
+    chain = chain_model(32, 28, [("conv", -1, 3, 1, 1, -1, "relu6"),
+                                 ("conv", 16, 1, 1, 0, 1, None)])
+    check_on_device(arm64_device, chain, "dw-pw chain (conv_chains=cost_model)",
+                    conv_chains="cost_model")
+    net = chain_model(8, 16, [("conv", 16, 3, 1, 1, 1, "relu"), ("maxpool", 3, 2, 1),
+                              ("conv", 8, 1, 1, 0, 1, "relu")], seed=1)
+    check_on_device(arm64_device, net, "conv-maxpool-conv net (.tar, linked on the device)",
+                    suffix=".tar")
+
+
+@pytest.mark.timeout(600)
+def test_small_transformer_block(arm64_device):
+    model = transformer_encoder_layer(seq=32, hidden=64, heads=4, ffn=256)
+    check_on_device(arm64_device, model, "transformer encoder layer (seq 32, hidden 64)")
+
+
+@pytest.mark.timeout(900)
+def test_tinybert_sized_layer(arm64_device):
+    """A TinyBERT-4 layer's shapes (hidden 312, 12 heads, FFN 1200, seq 128), built with
+    tvm_fusion.models: needs no zoo export."""
+    model = transformer_encoder_layer(seq=128, hidden=312, heads=12, ffn=1200)
+    check_on_device(arm64_device, model, "TinyBERT-sized encoder layer", rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.timeout(900)
+def test_mobilenet_v2_blocks(arm64_device):
+    """Two MobileNetV2 inverted residuals' convs (expand 1x1, depthwise 3x3 stride 2,
+    project 1x1) at 56x56, conv_chains on."""
+    model = chain_model(24, 56, [("conv", 144, 1, 1, 0, 1, "relu6"),
+                                 ("conv", -1, 3, 2, 1, -1, "relu6"),
+                                 ("conv", 32, 1, 1, 0, 1, None),
+                                 ("conv", 192, 1, 1, 0, 1, "relu6"),
+                                 ("conv", -1, 3, 1, 1, -1, "relu6"),
+                                 ("conv", 32, 1, 1, 0, 1, None)])
+    check_on_device(arm64_device, model, "MobileNetV2 blocks (conv_chains=cost_model)",
+                    conv_chains="cost_model", rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.timeout(900)
+def test_resnet50_bottleneck_convs(arm64_device):
+    """ResNet-50's first bottleneck's convs (1x1 64, 3x3 64, 1x1 256 at 56x56; no residual
+    add: chain_model is single-path)."""
+    model = chain_model(64, 56, [("conv", 64, 1, 1, 0, 1, "relu"),
+                                 ("conv", 64, 3, 1, 1, 1, "relu"),
+                                 ("conv", 256, 1, 1, 0, 1, None)], seed=2)
+    check_on_device(arm64_device, model, "ResNet-50 bottleneck convs", rtol=1e-3, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------- slow set
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet50", "tinybert", "efficientnet_b0"])
+def test_zoo_model(arm64_device, name):
+    path = MODELS_DIR / f"{name}.onnx"
+    if not path.exists():
+        pytest.skip(f"{path} missing: run `python scripts/export_models.py --only {name}` "
+                    "(needs pip install -e '.[models]', i.e. torch)")
+    check_on_device(arm64_device, load_onnx(path), name, rtol=1e-3, atol=1e-3)

@@ -116,6 +116,8 @@ def test_sequential_rejects_bad_values():
      {("O2M", "M2M"): "green", ("M2M", "M2M"): "red"}),
     ("table3", '[["O2M", "M2M", "yellow"]]', {("O2M", "M2M"): "yellow"}),
     ("table3", "none", None),
+    ("symbolic_hint", "seq=128,batch=4", {"seq": 128, "batch": 4}),
+    ("symbolic_hint", '{"seq": 3}', {"seq": 3}), ("symbolic_hint", "none", None),
 ])
 def test_cli_syntax_of_each_type(name, text, value):
     assert parse_cli_option(name, text) == value
@@ -141,6 +143,8 @@ def test_cli_syntax_of_each_type(name, text, value):
     ("apollo_fail_hook=x", "option apollo_fail_hook cannot be set on the command line"),
     ("no_equals_sign", "option 'no_equals_sign' must be KEY=VALUE"),
     ("bogus=1", "unknown tvm_fusion option 'bogus'"),
+    ("symbolic_hint=seq=abc", "option symbolic_hint='seq=abc' has 'seq=abc', not NAME=SIZE"),
+    ("symbolic_hint=seq=0", "is not a mapping of names to positive sizes"),
 ])
 def test_cli_errors_name_the_option_and_accepted_values(pair, message):
     with pytest.raises(ValueError, match=re.escape(message)) as info:

@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-minimise", action="store_true", help="keep failures as generated")
     p.add_argument("--minimise-budget", type=float, default=120.0,
                    help="seconds of minimisation per failure (120)")
+    p.add_argument("--minimise-per-crash", type=int, default=3,
+                   help="minimise at most this many crashes with one error shape (3)")
     p.add_argument("--minimise-timeouts", action="store_true",
                    help="also minimise timeouts (each rejected candidate may cost --timeout)")
     args = p.parse_args(argv)
@@ -94,7 +96,8 @@ def main(argv=None) -> int:
              option_share=args.option_share, symbolic_share=args.symbolic_share,
              max_nodes=args.max_nodes, do_minimise=not args.no_minimise,
              minimise_budget_s=args.minimise_budget,
-             minimise_timeouts=args.minimise_timeouts, on_case=on_case)
+             minimise_timeouts=args.minimise_timeouts,
+             minimise_per_crash=args.minimise_per_crash, on_case=on_case)
     bar.close()
     records = [r for r in store.records() if r["seed"] in set(args.seeds)]
     summary = summarise(records)

@@ -117,7 +117,7 @@ class Builder:
             [t for t in self.inits if t.name in used],
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
-        model.ir_version = IR_VERSION
+        model.ir_version = IR_VERSION if self.opset <= 18 else 10
         return model
 
     def add(self, op: str, inputs: list[str], n_out: int = 1, like: str | None = None,
@@ -132,7 +132,7 @@ class Builder:
             [*self.nodes, node], "probe",
             [vi for vi in self.inputs], [], list(self.inits))
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
-        model.ir_version = IR_VERSION
+        model.ir_version = IR_VERSION if self.opset <= 18 else 10
         try:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
         except Exception:  # noqa: BLE001 - onnx raises several untyped errors
@@ -390,10 +390,14 @@ def emit_norm(b: Builder, t: str):
                              b.const(0.5 + rng.random(c))], epsilon=1e-5)
     if kind == "MeanVarianceNormalization":
         return b.add1(kind, [t], axes=list(range(2, len(sh))))
+    # GroupNormalization-18 (per-group scale) fails the checker as deprecated: the case moves
+    # to opset 21 (per-channel scale), whose other operators mean what they meant in 18.
+    b.opset = max(b.opset, 21)
     groups = [g for g in range(1, c + 1) if c % g == 0]
     g = _pick(rng, groups)
-    return b.add1(kind, [t, b.const(1 + 0.1 * rng.standard_normal(g)),
-                         b.const(0.1 * rng.standard_normal(g))], like=t, num_groups=g, epsilon=1e-5)
+    return b.add1(kind, [t, b.const(1 + 0.1 * rng.standard_normal(c)),
+                         b.const(0.1 * rng.standard_normal(c))], like=t, num_groups=g,
+                  epsilon=1e-5)
 
 
 def emit_matmul(b: Builder, t: str):

@@ -15,15 +15,18 @@ from .worker import Worker
 def fuzz(seeds: Iterable[int], store: Store, worker: Worker, *, target: str = "llvm",
          special_share: float = 0.3, option_share: float = 0.15, symbolic_share: float = 0.0,
          max_nodes: int = 12, do_minimise: bool = True, minimise_budget_s: float = 120.0,
-         minimise_timeouts: bool = False,
+         minimise_timeouts: bool = False, minimise_per_crash: int = 3,
          on_case: Callable[[dict], None] | None = None) -> Counter:
     """Run every seed not already in ``store``; return the count per class.
 
     A failure is minimised (unless ``do_minimise`` is off; a ``timeout`` only with
     ``minimise_timeouts``, since each rejected candidate may cost the whole time limit) and
-    written to ``store`` with its sidecar; every case gets a JSON line.
+    written to ``store`` with its sidecar; every case gets a JSON line. Crashes with the same
+    error shape are minimised ``minimise_per_crash`` times only (one bug often fails many
+    seeds; later ones keep their generated model).
     """
     counts: Counter = Counter()
+    minimised: Counter = Counter()
     done = store.done_seeds()
     for seed in seeds:
         if seed in done:
@@ -43,7 +46,10 @@ def fuzz(seeds: Iterable[int], store: Store, worker: Worker, *, target: str = "l
         extra: dict = {}
         if outcome.cls in FAILURES:
             small, final = case, outcome
-            if do_minimise and (outcome.cls != "timeout" or minimise_timeouts):
+            again = outcome.cls == "crash" and \
+                minimised[outcome.signature()] >= minimise_per_crash
+            if do_minimise and not again and (outcome.cls != "timeout" or minimise_timeouts):
+                minimised[outcome.signature()] += 1
                 small, checks = minimise(case, same_failure(worker.check, outcome),
                                          budget_s=minimise_budget_s)
                 if small is not case:

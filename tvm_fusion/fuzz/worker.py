@@ -18,13 +18,16 @@ import onnx
 from .differential import Case, Outcome
 
 
-def _child(conn, log_path: str | None) -> None:
+def _child(conn, log_path: str | None, checker: str) -> None:
     # TVM and ONNX Runtime print warnings per case from C++: send them to the log (or away)
     # instead of over the progress bar.
     fd = os.open(log_path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    from .differential import check_case
+    import importlib
+
+    module, _, func = checker.partition(":")
+    check_case = getattr(importlib.import_module(module), func)
 
     while True:
         job = conn.recv()
@@ -39,16 +42,21 @@ def _child(conn, log_path: str | None) -> None:
 class Worker:
     """One reusable child process; :meth:`check` classifies a case within ``timeout`` s."""
 
-    def __init__(self, timeout: float = 60.0, log_path: str | None = None):
+    def __init__(self, timeout: float = 60.0, log_path: str | None = None,
+                 checker: str = "tvm_fusion.fuzz.differential:check_case"):
+        """``checker`` ("module:function", imported in the child) classifies a case; tests
+        substitute one that hangs or dies."""
         self.timeout = timeout
         self.log_path = log_path
+        self.checker = checker
         self._ctx = mp.get_context("spawn")
         self._proc = None
         self._conn = None
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_child, args=(child, self.log_path), daemon=True)
+        self._proc = self._ctx.Process(
+            target=_child, args=(child, self.log_path, self.checker), daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent

@@ -62,7 +62,7 @@ class Worker:
         self._conn = parent
 
     def _kill(self) -> None:
-        if self._proc is not None:
+        if self._proc is not None and self._proc.pid is not None:
             self._proc.kill()  # our own child, by its handle
             self._proc.join(5)
         self._proc = self._conn = None

@@ -23,6 +23,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide kept models from others
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

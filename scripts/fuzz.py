@@ -64,6 +64,8 @@ def main(argv=None) -> int:
                    help="seconds of minimisation per failure (120)")
     p.add_argument("--minimise-per-crash", type=int, default=3,
                    help="minimise at most this many crashes with one error shape (3)")
+    p.add_argument("--no-triage", action="store_true",
+                   help="do not rerun minimised failures under single option toggles")
     p.add_argument("--minimise-timeouts", action="store_true",
                    help="also minimise timeouts (each rejected candidate may cost --timeout)")
     args = p.parse_args(argv)
@@ -97,7 +99,8 @@ def main(argv=None) -> int:
              max_nodes=args.max_nodes, do_minimise=not args.no_minimise,
              minimise_budget_s=args.minimise_budget,
              minimise_timeouts=args.minimise_timeouts,
-             minimise_per_crash=args.minimise_per_crash, on_case=on_case)
+             minimise_per_crash=args.minimise_per_crash, do_triage=not args.no_triage,
+             on_case=on_case)
     bar.close()
     records = [r for r in store.records() if r["seed"] in set(args.seeds)]
     summary = summarise(records)

@@ -9,13 +9,14 @@ from .differential import FAILURES, Outcome
 from .generate import draw_case
 from .minimise import minimise, same_failure
 from .store import Store, options_to_json, record
+from .triage import fixed_by, triage
 from .worker import Worker
 
 
 def fuzz(seeds: Iterable[int], store: Store, worker: Worker, *, target: str = "llvm",
          special_share: float = 0.3, option_share: float = 0.15, symbolic_share: float = 0.0,
          max_nodes: int = 12, do_minimise: bool = True, minimise_budget_s: float = 120.0,
-         minimise_timeouts: bool = False, minimise_per_crash: int = 3,
+         minimise_timeouts: bool = False, minimise_per_crash: int = 3, do_triage: bool = True,
          on_case: Callable[[dict], None] | None = None) -> Counter:
     """Run every seed not already in ``store``; return the count per class.
 
@@ -23,7 +24,9 @@ def fuzz(seeds: Iterable[int], store: Store, worker: Worker, *, target: str = "l
     ``minimise_timeouts``, since each rejected candidate may cost the whole time limit) and
     written to ``store`` with its sidecar; every case gets a JSON line. Crashes with the same
     error shape are minimised ``minimise_per_crash`` times only (one bug often fails many
-    seeds; later ones keep their generated model).
+    seeds; later ones keep their generated model). With ``do_triage``, each minimised failure
+    is also run under single option toggles (:mod:`.triage`); the JSON line's ``fixed_by``
+    lists those that make it pass, a first hint at the root cause.
     """
     counts: Counter = Counter()
     minimised: Counter = Counter()
@@ -57,6 +60,8 @@ def fuzz(seeds: Iterable[int], store: Store, worker: Worker, *, target: str = "l
                     if final.signature() != outcome.signature():  # flaky: keep the original
                         small, final = case, outcome
                 extra["minimise_checks"] = checks
+                if do_triage:  # which one option change makes the minimised case pass
+                    extra["fixed_by"] = fixed_by(triage(small, worker.check))
             path = store.save_failure(small, final, original=case,
                                       original_nodes=len(case.model.graph.node))
             extra.update(model=str(path.relative_to(store.out)),
@@ -81,6 +86,8 @@ def summarise(records: list[dict]) -> dict:
             key = Outcome(r["class"], error=r.get("min_error") or r.get("error", "")).signature()
             if r["class"] == "wrong":
                 key = "wrong: " + " ".join(_ops(r))
+            if r.get("fixed_by") is not None:
+                key += f" | fixed by: {', '.join(r['fixed_by']) or 'none'}"
             groups.setdefault(key, []).append(r["seed"])
     return {"counts": dict(counts), "groups": groups}
 

@@ -3,7 +3,8 @@
 Each ``NAME.onnx`` has a sidecar ``NAME.json`` (written by :func:`tvm_fusion.fuzz.store.save_case`)
 with the seed that gives its input values, the options, whether edge values are on, the failure
 it was kept for, and ``cause``. A sidecar with ``"xfail": true`` is a bug not fixed yet: the test
-is an xfail naming the cause until the case passes (then it XPASSes; drop the flag).
+is an xfail naming the cause while the case fails; once fixed it passes: drop the flag then,
+so that a relapse fails.
 """
 
 from __future__ import annotations

@@ -49,12 +49,33 @@ def _prune(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+#: Function ops whose output ONNX shape inference leaves untyped: output i has input i's type.
+_SAME_AS_INPUT = {"GroupNormalization"}
+
+
 def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    except Exception:  # noqa: BLE001
-        return {}
-    found = {vi.name: vi for vi in inferred.graph.value_info}
+    """Static types of every value ONNX shape inference (helped past function ops it does not
+    expand) can give."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for _ in range(len(model.graph.node) + 1):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(probe)
+        except Exception:  # noqa: BLE001
+            return {}
+        found = {vi.name: vi for vi in inferred.graph.value_info}
+        found.update({vi.name: vi for vi in inferred.graph.input})
+        added = False
+        for node in probe.graph.node:
+            if node.op_type in _SAME_AS_INPUT and node.output[0] not in found and \
+                    node.input[0] in found:
+                vi = onnx.ValueInfoProto()
+                vi.CopyFrom(found[node.input[0]])
+                vi.name = node.output[0]
+                probe.graph.value_info.append(vi)
+                added = True
+        if not added:
+            break
     found.update({vi.name: vi for vi in inferred.graph.output})
     return {n: vi for n, vi in found.items() if _static(vi)}
 

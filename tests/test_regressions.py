@@ -4,7 +4,7 @@ Each ``NAME.onnx`` has a sidecar ``NAME.json`` (written by :func:`tvm_fusion.fuz
 with the seed that gives its input values, the options, whether edge values are on, the failure
 it was kept for, and ``cause``. A sidecar with ``"xfail": true`` is a bug not fixed yet: the test
 is an xfail naming the cause while the case fails; once fixed it passes: drop the flag then,
-so that a relapse fails.
+so that a relapse fails. ``"timeout_s"`` bounds a case kept for a compile-time blow-up.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def worker():
 @pytest.mark.parametrize("path", MODELS, ids=[p.stem for p in MODELS])
 def test_regression(path, worker):
     case, side = load_case(path)
-    outcome = worker.check(case)
+    outcome = worker.check(case, timeout=side.get("timeout_s"))  # a hang costs timeout_s
     if side.get("xfail") and outcome.cls != "ok":
         pytest.xfail(f"{side.get('cause', 'unknown cause')} ({outcome.cls}: {outcome.error})")
     assert outcome.cls == "ok", (

@@ -35,15 +35,12 @@ def _seed_range() -> range:
 _ITEM1 = "issue 17 item 1: one-element selection (Gather scalar / Slice) as a graph output"
 _ITEM2 = "issue 17 item 2: CumSum then an elementwise op: FuseTIR 'Inconsistent buffers'"
 _ITEM3 = "issue 17 item 3: fast_math gives non-IEEE results for NaN/inf inputs"
-_NEW1 = ("fuzzer, new: Gather(scalar) feeding a reduction is wrong under ScheduleFusedBlocks "
-         "(tests/regressions/new_conv1d_gather_scalar_into_reducel2)")
 #: Seeds of the short run that hit a known bug (issue 17 items 1-5 or found by the fuzzer and
 #: reported with it), with the cause. A fixed seed simply passes; then remove its entry, so
 #: that a relapse fails.
 KNOWN: dict[int, str] = {
-    4: _NEW1, 7: _ITEM2, 10: _ITEM2, 17: _ITEM1, 21: _ITEM2, 22: _ITEM3, 23: _ITEM1,
-    26: _ITEM2, 31: _ITEM2, 34: _ITEM2, 40: _ITEM2, 45: _ITEM2, 48: _ITEM2, 52: _ITEM2,
-    58: _ITEM2,
+    2: _ITEM2, 9: _ITEM2, 10: _ITEM2, 13: _ITEM2, 14: _ITEM3, 21: _ITEM2, 22: _ITEM2,
+    31: _ITEM2, 34: _ITEM2, 43: _ITEM3, 45: _ITEM2, 52: _ITEM2, 53: _ITEM2, 56: _ITEM3,
 }
 
 

@@ -46,8 +46,10 @@ OPTION_VALUES: dict[str, list] = {
     "apollo_layers": [1, 2],
     "apollo_max_branches": [2],
     "apollo_blocklist": ["memory"],
-    "table3": ["random"],  # drawn per case: a few random cells recoloured
+    "table3": ["random", "random", "m2m_green"],  # drawn per case (see draw_options)
 }
+#: The Table 3 cells docs/options.md allows to turn green that broke modules (issue 17 item 5).
+M2M_GREEN = {("O2M", "M2M"): "green", ("M2M", "M2M"): "green", ("M2M", "O2M"): "green"}
 MAPPING_TYPES = ("O2O", "O2M", "M2M", "Reorg", "Shuffle")
 COLOURS = ("green", "yellow", "red")
 
@@ -60,7 +62,9 @@ def draw_options(rng: np.random.Generator, share: float = 0.15) -> dict:
         if rng.random() >= share:
             continue
         value = values[int(rng.integers(len(values)))]
-        if key == "table3":  # mostly green: fusing more is what went wrong (issue 17 item 5)
+        if value == "m2m_green":
+            value = dict(M2M_GREEN)
+        elif key == "table3":  # mostly green: fusing more is what went wrong (issue 17 item 5)
             value = {
                 (str(rng.choice(MAPPING_TYPES)), str(rng.choice(MAPPING_TYPES))):
                     str(rng.choice(COLOURS, p=[0.6, 0.2, 0.2]))
@@ -212,6 +216,25 @@ def emit_long_chain(b: Builder, t: str):
     for _ in range(int(b.rng.integers(6, 10))):
         t = b.add1(_pick(b.rng, ["Tanh", "Tanh", "Sigmoid", "Erf"]), [t]) or t
     return t
+
+
+def emit_anchor_pair(b: Builder, t: str):
+    """Two Many-to-Many anchors with an optional elementwise op between them (MatMul/Gemm ->
+    Abs -> ReduceLogSumExp/Softmax/MatMul): the cells ``table3`` overrides decide (item 5)."""
+    first = emit_matmul(b, t) if b.rng.random() < 0.6 else emit_gemm(b, t)
+    if first is None:
+        return None
+    mid = b.add1(_pick(b.rng, ["Abs", "Relu", "Tanh", "Neg"]), [first]) \
+        if b.rng.random() < 0.7 else first
+    mid = mid or first
+    r = len(b.shape(mid))
+    kind = _pick(b.rng, ["reduce", "softmax", "matmul"])
+    if kind == "reduce":
+        return b.add1(_pick(b.rng, ["ReduceLogSumExp", "ReduceSum", "ReduceMax", "ReduceMean"]),
+                      [mid, b.const([r - 1], np.int64)], keepdims=int(b.rng.integers(2)))
+    if kind == "softmax":
+        return b.add1("Softmax", [mid], axis=-1)
+    return emit_matmul(b, mid)
 
 
 def _partner(b: Builder, t: str):
@@ -636,6 +659,7 @@ def emit_index_arith(b: Builder, t: str):
 
 EMITTERS: dict[str, Callable[[Builder, str], str | None]] = {
     "unary": emit_unary, "chain": emit_chain, "long_chain": emit_long_chain,
+    "anchor_pair": emit_anchor_pair,
     "binary": emit_binary, "where": emit_where,
     "reduce": emit_reduce, "argmax": emit_argmax, "softmax": emit_softmax,
     "cumsum": emit_cumsum, "gather": emit_gather, "gather_elements": emit_gather_elements,

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     try:
         to_target(args.target)
     except ValueError as err:
-        p.error(str(err))
+        p.error(f"--target {args.target!r}: {err}")
     store = Store(args.out)
     bar = tqdm(total=len(args.seeds), unit="graph", initial=len(
         store.done_seeds() & set(args.seeds)))

@@ -38,10 +38,7 @@ _ITEM3 = "issue 17 item 3: fast_math gives non-IEEE results for NaN/inf inputs"
 #: Seeds of the short run that hit a known bug (issue 17 items 1-5 or found by the fuzzer and
 #: reported with it), with the cause. A fixed seed simply passes; then remove its entry, so
 #: that a relapse fails.
-KNOWN: dict[int, str] = {
-    2: _ITEM2, 9: _ITEM2, 10: _ITEM2, 13: _ITEM2, 14: _ITEM3, 21: _ITEM2, 22: _ITEM2,
-    31: _ITEM2, 34: _ITEM2, 43: _ITEM3, 45: _ITEM2, 52: _ITEM2, 53: _ITEM2, 56: _ITEM3,
-}
+KNOWN: dict[int, str] = {}  # every bug the short run found is fixed
 
 
 @pytest.fixture(scope="module")

@@ -307,6 +307,8 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
         if len(plan.v_fused) > 1 or not _reads_tile_exactly(
                 sch, consumer, sch.get(wb).writes[0].source.name):
             continue  # its region of a tile would be a bounding box: a separate stage
+        if _is_reduction_block(sch, consumer):
+            continue  # per tile it would reduce (and re-initialise) over one tile only
         try:
             _hide_reads(sch, consumer, ready)
             sch.reverse_compute_at(consumer, outer[-1], preserve_unit_loops=True)
@@ -569,6 +571,10 @@ def _reads_tile_exactly(sch: s_tir.Schedule, block_rv, buffer: str) -> bool:
                for ix, dim in zip(load.indices, load.source.shape)):
             return False
     return True
+
+
+def _is_reduction_block(sch: s_tir.Schedule, block_rv) -> bool:
+    return any(int(iv.iter_type) == 2 for iv in sch.get(block_rv).iter_vars)
 
 
 def _read_under_condition(sch: s_tir.Schedule, block_rv, buffer: str) -> bool:

@@ -123,7 +123,30 @@ def _tvm_runner(model, target: str, compile_kwargs: dict, inputs: list[np.ndarra
     return call, lambda: _flatten(call())
 
 
+def onnxruntime_missing() -> str | None:
+    """Why ``import onnxruntime`` fails here (not installed, or broken), else None."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError as err:
+        return str(err).strip().splitlines()[0] if str(err).strip() else "ImportError"
+    return None
+
+
+def check_variants(variants) -> None:
+    """Variants asked for by name: an unknown name, or onnxruntime when it cannot be imported,
+    is one ``ValueError`` before any model is loaded or built."""
+    unknown = sorted(set(variants) - set(ALL_VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown bench variant {unknown[0]!r}; expected {ALL_VARIANTS}")
+    if "onnxruntime" in variants and (why := onnxruntime_missing()) is not None:
+        raise ValueError(f"bench variant 'onnxruntime' needs onnxruntime, which cannot be "
+                         f"imported ({why}): pip install onnxruntime, or leave it out of "
+                         f"--variants")
+
+
 def _ort_runner(model, feeds: dict):
+    if (why := onnxruntime_missing()) is not None:  # the default variants: a skipped row
+        raise LookupError(f"onnxruntime cannot be imported ({why})")
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in _HOST_DEFAULT and getattr(args, "target", None) in (None, NATIVE):
             args.target = host_target()  # the CPU this runs on, not SSE2 (tvm_fusion.target)
+        _check_device(args)
         return args.func(args)
     except BAD_INPUT as err:
         print(f"tvm-fusion: error: {_one_line(err)}", file=sys.stderr)
@@ -53,6 +54,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tvm-fusion: error: {_one_line(err)} (internal error {type(err).__name__}; "
               f"TVM_FUSION_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
+
+
+def _check_device(args) -> None:
+    """A command that runs the model (demo, report's check, bench) on a GPU target fails up
+    front, in one line, where this machine has no such device; report suggests --no-check."""
+    from .devices import require_device
+
+    if args.command == "report" and not getattr(args, "no_check", False):
+        require_device(args.target, "the report runs the model to check it: pass --no-check to "
+                                    "plan and compile without running")
+    elif args.command in ("demo", "bench"):
+        require_device(args.target, f"{args.command} runs the model: use a machine with one, "
+                                    "or a CPU target")
 
 
 def _one_line(err: BaseException) -> str:
@@ -118,8 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("models", nargs="*", help="ONNX files (default: the zoo folder)")
     bench.add_argument("--models-dir", help="zoo folder (default $TVM_FUSION_MODELS or ./models)")
     bench.add_argument("--target", default=None, help=_TARGET_HELP)
-    bench.add_argument("--variants", default=",".join(ALL_VARIANTS),
-                       help=f"comma-separated subset of {','.join(ALL_VARIANTS)}")
+    bench.add_argument("--variants", default=None,
+                       help=f"comma-separated subset of {','.join(ALL_VARIANTS)} (default: all; "
+                            "those whose runtime is missing are skipped with a note)")
     bench.add_argument("--repeat", type=int, default=10)
     bench.add_argument("--warmup", type=int, default=2)
     bench.add_argument("--out", default="out/bench", help="where JSON, Markdown and PNG go")
@@ -173,13 +188,16 @@ def _check_shape_names(shapes: dict | None, models: list) -> None:
 def _cmd_bench(args) -> int:
     from pathlib import Path
 
-    from .bench import run_bench, to_markdown
+    from .bench import check_variants, run_bench, to_markdown
     from .compile import load_onnx
     from .zoo import zoo_models
 
     _check_target(args.target)
+    variants = list(ALL_VARIANTS) if args.variants is None else [
+        v.strip() for v in args.variants.split(",") if v.strip()]
+    if args.variants is not None:  # asked for by name: a missing runtime is an error
+        check_variants(variants)
     paths = [Path(p) for p in args.models] or zoo_models(args.models_dir)
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     shapes = _parse_input_shapes(args.input_shape)
     if shapes:
         _check_shape_names(shapes, [load_onnx(p) for p in paths])

@@ -17,6 +17,7 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
+from .devices import require_codegen
 from .pipeline import get_pipeline
 
 _CALL_TIR = "relax.call_tir"
@@ -108,6 +109,7 @@ def compile_model(mod: tvm.IRModule, target="llvm", strategy: str = "dnnfusion",
     which does not fuse.
     """
     tgt = to_target(target)
+    require_codegen(tgt)
     if strategy == "none":
         return tvm.compile(mod, tgt)
     if strategy == "tvm" and not options:

@@ -12,6 +12,7 @@ import warnings
 import tvm
 from tvm import relax
 
+from .devices import require_codegen
 from .transform import Sequential
 
 PIPELINE_NAME = "tvm_fusion"
@@ -82,6 +83,7 @@ def get_pipeline(target: tvm.target.Target | None = None, **options) -> tvm.tran
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = target or tvm.target.Target.current() or tvm.target.Target("llvm")
+        require_codegen(tgt)  # before any pass: not blamed on a DLight probe build later
         backend = backend_pipeline(tgt)
         passes = [Sequential(tgt, **options)]
         if "gpu" in tgt.keys:

@@ -8,7 +8,12 @@ does no fusion at all.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import io
 import os
+import re
+import sys
 import warnings
 
 import numpy as np
@@ -59,16 +64,56 @@ def _check_opset(path: str, model: onnx.ModelProto) -> None:
 
 
 def import_onnx(model: onnx.ModelProto, shape_dict: dict | None = None) -> tvm.IRModule:
-    """``from_onnx`` with weights as constants; an unsupported operator is named, not traced."""
+    """``from_onnx`` with weights as constants; an unsupported operator is named, not traced.
+
+    When the importer fails, the message names the operator it was converting (the importer
+    prints that to stdout, captured here) and, where ONNX's own strict shape inference rejects
+    the model too (a rank-0 input where an operator needs a 1-D tensor, say), ONNX's reason: the
+    model is at fault then, not TVM."""
+    printed = io.StringIO()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
             warnings.simplefilter("ignore")
             return from_onnx(model, shape_dict=shape_dict,
                                                  keep_params_in_input=False)
     except tvm.error.OpNotImplemented as err:
         raise ModelError(_first_line(err)) from None
-    except Exception as err:
-        raise ModelError(f"TVM's ONNX importer failed: {_first_line(err)}") from None
+    except Exception as err:  # noqa: BLE001 (the importer raises anything)
+        reason = _first_line(err)
+        _free_quietly(err)  # the failed import's BlockBuilder logs a C++ warning when freed
+    where = re.search(r"Error converting operator (\w+), with inputs: (\[.*\])", printed.getvalue())
+    at = f" at {where.group(1)} (inputs {where.group(2)})" if where else ""
+    invalid = _strict_inference_error(model)
+    if invalid:
+        raise ModelError(f"invalid ONNX model{at}: {invalid}")
+    raise ModelError(f"TVM's ONNX importer failed{at}: {reason}")
+
+
+def _strict_inference_error(model: onnx.ModelProto) -> str | None:
+    """ONNX's strict shape inference's complaint about ``model``, if it has one."""
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except Exception as err:  # noqa: BLE001 (InferenceError, or a checker error)
+        text = " ".join(_first_line(err).split())
+        text = re.sub(r"\[\w*Error\] (Inference error\(s\): )?|\(op_type:\w+\):\s*", "", text)
+        return text.strip() or None
+    return None
+
+
+def _free_quietly(err: BaseException) -> None:
+    """Drop ``err``'s frames with the process's stderr (fd 2) muted, so native objects the
+    failed import abandoned log their destructor warnings nowhere rather than next to our
+    one-line error."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            err.__traceback__ = None
+            gc.collect()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _first_line(err: BaseException) -> str:

@@ -80,9 +80,13 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     A model with symbolic dimensions is planned and compiled once, symbolic; the check runs it
     at ``input_shapes`` (graph input -> shape, or ``dim_param`` -> size; the rest at the sizes
     the cost model assumes, :func:`tvm_fusion.testing.run_shapes`)."""
+    from .devices import require_device
     from .symbolic import symbolic_hints
     from .testing import max_abs_error, onnx_reference, random_inputs, run_shapes
 
+    if check:  # before minutes of building: the check runs the model on the target's device
+        require_device(target, "the check runs the model: pass check=False (--no-check) to "
+                               "plan and compile without running")
     mod = import_onnx(model)
     stock_mod = fuse(mod, target, strategy="tvm")
     record: list[ModulePlan] = []

@@ -123,6 +123,9 @@ def run_shapes(model: onnx.ModelProto, overrides: dict | None = None) -> dict:
         if name in inputs:
             fixed = [d.dim_value if d.HasField("dim_value") else None
                      for d in inputs[name].type.tensor_type.shape.dim]
+            if not fixed:
+                raise ValueError(f"input shape {name}={','.join(map(str, sizes))}: {name} is a "
+                                 f"scalar (rank 0), it has no shape to give")
             if len(sizes) != len(fixed) or any(
                     f and f != s for f, s in zip(fixed, sizes)):
                 want = ",".join(str(f) if f else "?" for f in fixed)

@@ -230,3 +230,104 @@ def test_every_error_is_one_line(monkeypatch, capsys, error, code, expected):
         assert main(argv) == code
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(expected), err
+
+
+# ---- issue 19 item 5: a missing device, runtime or code generator; rank-0 inputs
+
+def _run_env(*args, **env):
+    import os
+
+    return subprocess.run([sys.executable, "-m", "tvm_fusion.cli", *args], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **env})
+
+
+def _scalar_model(path, nodes, out_shape=(2, 3), scalar_dtype=TensorProto.FLOAT,
+                  initializers=()):
+    """``x`` [2, 3] and a rank-0 input ``s`` feeding ``nodes``."""
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                     helper.make_tensor_value_info("s", scalar_dtype, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(out_shape))],
+        initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_report_on_a_gpu_target_without_the_gpu_is_one_line(tmp_path):
+    import tvm
+
+    if tvm.cuda(0).exist:
+        pytest.skip("this machine has a CUDA device")
+    path = _tiny_model(tmp_path / "relu.onnx")
+    for target in ("cuda", '{"kind": "cuda", "arch": "sm_80"}'):
+        # the kind is read off the text: no nvcc warnings from building a Target come first
+        _one_line_exit_2(_run("report", str(path), "--target", target),
+                         "no CUDA device on this machine to run the --target cuda build; the "
+                         "report runs the model to check it: pass --no-check")
+    _one_line_exit_2(_run("bench", str(path), "--target", "cuda"), "no CUDA device")
+
+
+def test_bench_onnxruntime_variant_without_onnxruntime_is_one_line(tmp_path):
+    fake = tmp_path / "site"
+    fake.mkdir()
+    (fake / "onnxruntime.py").write_text("raise ImportError('No module named onnxruntime')\n")
+    import os
+
+    path = _tiny_model(tmp_path / "relu.onnx")
+    pythonpath = os.pathsep.join(p for p in (str(fake), os.environ.get("PYTHONPATH")) if p)
+    _one_line_exit_2(_run_env("bench", str(path), "--variants", "tvm_fusion,onnxruntime",
+                              "--out", str(tmp_path / "out"), PYTHONPATH=pythonpath),
+                     "bench variant 'onnxruntime' needs onnxruntime, which cannot be imported "
+                     "(No module named onnxruntime): pip install onnxruntime, or leave it out")
+
+
+def test_bench_default_variants_skip_a_missing_onnxruntime(tmp_path, monkeypatch):
+    from tvm_fusion import bench
+
+    monkeypatch.setattr(bench, "onnxruntime_missing", lambda: "No module named 'onnxruntime'")
+    (row,) = bench.bench_model(_tiny_model(tmp_path / "relu.onnx"), variants=["onnxruntime"],
+                               repeat=1, warmup=0)
+    assert row.median_ms is None and "onnxruntime cannot be imported" in row.note
+
+
+def test_rank0_inputs_build_check_and_name_their_errors(tmp_path):
+    from onnx import numpy_helper
+
+    ones = numpy_helper.from_array(np.array([1, 1], dtype=np.int64), "shape11")
+    ok = _scalar_model(tmp_path / "scalar.onnx", [
+        helper.make_node("Mul", ["x", "s"], ["m"]),
+        helper.make_node("Reshape", ["s", "shape11"], ["r"]),
+        helper.make_node("Add", ["m", "r"], ["y"])], initializers=[ones])
+    result = _run("report", str(ok))
+    assert result.returncode == 0, result.stderr
+    assert "numerics:" in result.stdout
+    _one_line_exit_2(_run("report", str(ok), "--input-shape", "s=1"),
+                     "input shape s=1: s is a scalar (rank 0), it has no shape to give")
+    # a rank-0 tensor as Reshape's shape: the model is invalid (ONNX Runtime refuses it too);
+    # the line names the operator and ONNX's reason, not TVM's importer internals
+    bad = _scalar_model(tmp_path / "bad.onnx", [helper.make_node("Reshape", ["x", "s"], ["y"])],
+                        out_shape=(6,), scalar_dtype=TensorProto.INT64)
+    _one_line_exit_2(_run("report", str(bad)), "invalid ONNX model at Reshape (inputs [x, s]): "
+                                               "shape input must be 1D tensor")
+
+
+@pytest.mark.parametrize("kind", ["vulkan", "metal"])
+def test_a_target_without_a_code_generator_is_named(tmp_path, kind):
+    import tvm
+
+    from tvm_fusion.compile import import_onnx
+
+    path = _tiny_model(tmp_path / "relu.onnx")
+    mod = import_onnx(onnx.load(path))
+    target = tvm.target.Target({"kind": kind})
+    if tvm.get_global_func(f"target.build.{kind}", allow_missing=True) is not None:
+        tvm.compile(mod, target, relax_pipeline="tvm_fusion")  # this wheel has it: it builds
+        return
+    name = {"vulkan": "Vulkan", "metal": "Metal"}[kind]
+    with pytest.raises(ValueError, match=f"has no {name} code generator"):
+        tvm.compile(mod, target, relax_pipeline="tvm_fusion")
+    _one_line_exit_2(_run("compile", str(path), "--target", kind, "-o", str(tmp_path / "m.so")),
+                     f"the installed TVM ({tvm.__version__}) has no {name} code generator "
+                     f"(target.build.{kind} is not registered)")

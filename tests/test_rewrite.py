@@ -856,3 +856,88 @@ def test_scale_with_a_zero_is_not_moved_into_weights():
     mod = build_module([Case("zero_scale", [MN], build, set())])
     _, stats = rewrite(mod)
     assert "scale_into_weights" not in stats.fired
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 19 item 6: Table 4 row 2 from ONNX, up to commutativity and association
+# ---------------------------------------------------------------------------------------------
+def _row2_onnx(form: str, b_source: str):
+    """``A``, ``Z``, ``C`` [8, 16] -> Table 4 row 2 in ``form``, with ``B = Relu(Z)`` (provably
+    >= 0) or ``B = Z`` (sign unknown: the rule must not fire)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def mul(a, b, out):
+        return helper.make_node("Mul", [a, b], [out])
+
+    nodes = [helper.make_node("Relu", ["Z"], ["B"])] if b_source == "relu" else []
+    b = "B" if b_source == "relu" else "Z"
+    shared = form == "shared"
+    nodes += [helper.make_node("Sqrt", [b], ["s1"]),
+              *([] if shared else [helper.make_node("Sqrt", [b], ["s2"])])]
+    s2 = "s1" if shared else "s2"
+    nodes += {
+        "paper": [mul("A", "s1", "l"), mul(s2, "C", "r"), mul("l", "r", "Y")],  # (A⊙√B)⊙(√B⊙C)
+        "shared": [mul("A", "s1", "l"), mul("s1", "C", "r"), mul("l", "r", "Y")],
+        "chain": [mul("s1", "A", "l"), mul("l", "C", "r"), mul("r", s2, "Y")],  # √B·A·C·√B
+        "swapped": [mul("s1", "A", "l"), mul("C", s2, "r"), mul("l", "r", "Y")],  # (√B⊙A)⊙(C⊙√B)
+    }[form]
+    vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [8, 16]) for n in "AZCY"]
+    graph = helper.make_graph(nodes, "row2", vi[:3], vi[3:])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def _operators(mod: tvm.IRModule) -> int:
+    count = [0]
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+            count[0] += 1
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return count[0]
+
+
+@pytest.mark.parametrize("form", ["paper", "shared", "chain", "swapped"])
+def test_table4_row2_from_onnx_in_every_order(form):
+    """Each bracketing and operand order of (A⊙√B)⊙(√B⊙C), as an exporter writes it (the two
+    √B one node or two), becomes A⊙B⊙C: relu, one or two sqrts and three muls -> relu and two
+    muls;
+    the values match ONNX Runtime (zeros of B included)."""
+    from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, run
+    from tvm_fusion.testing import onnx_reference, random_inputs
+
+    model = _row2_onnx(form, "relu")
+    mod = import_onnx(model)
+    rewritten, stats = rewrite(mod, rules=["mul_combine_powers"])
+    assert "mul_combine_powers" in stats.fired
+    assert _operators(mod) == (5 if form == "shared" else 6)
+    assert _operators(rewritten) == 3  # relu, two multiplies: no sqrt left
+    feeds = random_inputs(model, seed=0)
+    (out,) = run(compile_model(rewritten, "llvm", rewrite=False),
+                 [feeds[n] for n in graph_input_names(model)])
+    (ref,) = onnx_reference(model, feeds)
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["paper", "shared"])
+def test_table4_row2_from_onnx_keeps_the_nan_of_a_negative_b(form):
+    """B of unknown sign: √B·√B is NaN where B < 0 and A⊙B⊙C would not be, so nothing fires
+    (the issue's "4 operators before and after" graph is this one) and the NaNs stay."""
+    from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, run
+    from tvm_fusion.testing import onnx_reference, random_inputs
+
+    model = _row2_onnx(form, "input")
+    mod = import_onnx(model)
+    rewritten, stats = rewrite(mod)
+    assert "mul_combine_powers" not in stats.fired
+    assert _operators(rewritten) == _operators(mod) == (4 if form == "shared" else 5)
+    feeds = random_inputs(model, seed=0)
+    (out,) = run(compile_model(rewritten, "llvm", rewrite=False),
+                 [feeds[n] for n in graph_input_names(model)])
+    (ref,) = onnx_reference(model, feeds)
+    assert np.isnan(ref).any()
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6, equal_nan=True)

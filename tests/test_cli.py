@@ -331,3 +331,22 @@ def test_a_target_without_a_code_generator_is_named(tmp_path, kind):
     _one_line_exit_2(_run("compile", str(path), "--target", kind, "-o", str(tmp_path / "m.so")),
                      f"the installed TVM ({tvm.__version__}) has no {name} code generator "
                      f"(target.build.{kind} is not registered)")
+
+
+def test_devices_read_the_kind_without_building_a_target(tmp_path):
+    import tvm
+
+    from tvm_fusion.devices import require_codegen, require_device, target_kind
+    from tvm_fusion.report import make_report
+
+    assert target_kind("cuda -arch=sm_80") == "cuda"
+    assert target_kind('{"kind": "vulkan"}') == "vulkan"
+    assert target_kind({"kind": "metal"}) == "metal"
+    assert target_kind(tvm.target.Target("llvm")) == "llvm"
+    assert target_kind('{"kind": ') == ""  # to_target names the bad JSON
+    require_device("llvm")
+    require_codegen({"kind": "llvm", "mcpu": "znver4"})
+    if not tvm.cuda(0).exist:  # the library says it too, before any build
+        model = onnx.load(_tiny_model(tmp_path / "relu.onnx"))
+        with pytest.raises(ValueError, match=r"no CUDA device .*pass check=False"):
+            make_report(model, "relu", "cuda")

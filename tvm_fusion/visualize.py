@@ -233,14 +233,16 @@ def render_svg(graph: Graph, view: str, hidden: bool = False) -> str:
             bend = min(INDENT - 3.0, 6 + (y1 - y0) / 6)
             d = f"M{x0},{y0} C{x0 - bend},{y0} {x0 - bend},{y1} {x0},{y1}"
         else:
-            # producer's right side -> down the gutter right of its cluster -> consumer's top,
-            # so an edge that skips bands runs beside the clusters, not through them
-            x0, y0 = ax + NODE_W, ay + NODE_H / 2
-            x1, y1 = bx + NODE_W / 2, by
-            gx = ax + NODE_W + INDENT + 8 + (k % 5) * 3
-            d = (f"M{x0},{y0} C{gx},{y0} {gx},{y0} {gx},{y0 + 10} L{gx},{y1 - 22} "
-                 f"C{gx},{y1 - 10} {x1},{y1 - 22} {x1},{y1}")
-        cls = "cut" if not same else "in"
+            # orthogonal, through empty space only: right out of the producer, down the gutter
+            # right of its column, across the gap above the consumer's band, down the gutter
+            # of the consumer's column, left into the consumer
+            lane = (k % 5) * 3
+            ga, gb = ax + NODE_W + INDENT + 6 + lane, bx + NODE_W + INDENT + 6 + lane
+            y0, y1 = ay + NODE_H / 2, by + NODE_H / 2
+            gap = boxes[cluster_of[b]][1] - 8 - (k % 4) * 4
+            d = (f"M{ax + NODE_W},{y0} L{ga},{y0} L{ga},{gap} L{gb},{gap} L{gb},{y1} "
+                 f"L{bx + NODE_W},{y1}")
+        cls = "cut" if reason else ("in" if same else "link")
         title = (f"<title>{_e(graph.nodes[a].label)} → {_e(graph.nodes[b].label)}: "
                  f"{_e(reason)}</title>") if reason else ""
         data = f' data-edge="{k}"' if reason else ""
@@ -355,7 +357,8 @@ main{display:flex;height:calc(100vh - 92px)}
 aside{width:480px;overflow:auto;padding:0 8px}
 svg text{font:11px ui-monospace,monospace}
 svg text.head{font-weight:bold}
-path.in{fill:none;stroke:#999;stroke-width:1}
+path.in,path.link{fill:none;stroke:#999;stroke-width:1}
+path.link{stroke:#5a6b7d;stroke-width:1.2}
 path.cut{fill:none;stroke:#c0392b;stroke-width:1.4;stroke-dasharray:5 3;cursor:pointer}
 path.cut:hover,path.cut.sel{stroke-width:3.5}
 g.op.hit rect{fill:#fff59d;stroke:#333}

@@ -340,7 +340,9 @@ def _short(label: str) -> str:
 
 
 def _bytes(n: int) -> str:
-    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+    if n >= 100_000:
+        return f"{n / 1e6:.2f} MB"
+    return f"{n / 1e3:.1f} kB" if n >= 1000 else f"{n} B"
 
 
 def _e(text) -> str:
@@ -398,7 +400,7 @@ _JS = """
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>{css}</style></head><body>
-<header><h1>{title}: {operators} operators, tvm_fusion {fused} kernels,
+<header><h1>{title}: {operators} operators as planned, tvm_fusion {fused} kernels,
 stock FuseOps {stock} kernels</h1>
 <button id="toggle">toggle tvm_fusion / stock FuseOps</button> showing <b id="which">tvm_fusion</b>
 &nbsp; <input id="search" placeholder="find operator" size="18"> &nbsp; anchor: {legend}

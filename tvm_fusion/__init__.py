@@ -9,8 +9,10 @@ they are written over Relax, Relay's successor.
 from . import pipeline, transform
 from .compile import compile_model
 from .transform import Sequential
+from .visualize import visualize  # the function; the module stays tvm_fusion.visualize's home
 
 __version__ = "0.1.0"
 version = __version__
 
-__all__ = ["Sequential", "compile_model", "pipeline", "transform", "version", "__version__"]
+__all__ = ["Sequential", "compile_model", "pipeline", "transform", "version", "visualize",
+           "__version__"]

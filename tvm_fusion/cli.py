@@ -124,6 +124,9 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", action="store_true", help="print JSON instead of text")
     rep.add_argument("--why", action="store_true", help="print every rejected pair and why")
     rep.add_argument("--no-check", action="store_true", help="skip the numerical check")
+    rep.add_argument("--html", metavar="FILE",
+                     help="also draw the plan (one model): an offline HTML page "
+                          "(docs/visualize.md)")
     _input_shape_arg(rep)
     common(rep)
     rep.set_defaults(func=_cmd_report)
@@ -305,6 +308,9 @@ def _cmd_report(args) -> int:
         return _cmd_zoo(args)
     if not args.models:
         raise ValueError("report needs ONNX files, or --zoo")
+    if args.html and len(args.models) != 1:
+        raise ValueError(f"--html draws one model; {len(args.models)} given")
+    html_path = _html_path(args.html) if args.html else None
     from .testing import shapes_for
 
     reports = []
@@ -314,13 +320,45 @@ def _cmd_report(args) -> int:
     for path, model in tqdm(list(zip(args.models, models)), desc="report", unit="model",
                             disable=len(args.models) < 2):
         name = os.path.splitext(os.path.basename(path))[0]
+        artifacts: dict = {}
         reports.append(make_report(model, name, args.target, check=not args.no_check,
-                                   input_shapes=shapes_for(model, shapes), **options))
+                                   input_shapes=shapes_for(model, shapes), artifacts=artifacts,
+                                   **options))
+        if html_path:
+            _write_picture(html_path, artifacts, reports[-1])
     if args.json:
         print(json.dumps([r.to_json() for r in reports], indent=2))
     else:
         print("\n\n".join(format_report(r, why=args.why) for r in reports))
     return 0
+
+
+def _html_path(path: str) -> str:
+    """Check ``--html`` before the model is planned: a folder or an unwritable place is bad
+    input, said before minutes of work, not after."""
+    from pathlib import Path
+
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(f"--html {path}: is a folder; give a file name such as plan.html")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--html {path}: cannot create {out.parent} ({err.strerror})") from None
+    if not os.access(out.parent, os.W_OK):
+        raise ValueError(f"--html {path}: {out.parent} is not writable")
+    return str(out)
+
+
+def _write_picture(path: str, artifacts: dict, report) -> None:
+    from .visualize import picture
+
+    if artifacts.get("plan") is None:
+        raise ValueError("--html: stock FuseOps (--strategy tvm) has no plan to draw; "
+                         "drop --strategy tvm")
+    picture(artifacts["plan"], artifacts["stock_mod"], report.name,
+            report.fused_kernels).save(path)
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def _cmd_zoo(args) -> int:

@@ -74,12 +74,16 @@ class ModelReport:
 
 
 def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", check: bool = True,
-                seed: int = 0, input_shapes: dict | None = None, **options) -> ModelReport:
+                seed: int = 0, input_shapes: dict | None = None, artifacts: dict | None = None,
+                **options) -> ModelReport:
     """Plan, compile and (optionally) check one ONNX model.
 
     A model with symbolic dimensions is planned and compiled once, symbolic; the check runs it
     at ``input_shapes`` (graph input -> shape, or ``dim_param`` -> size; the rest at the sizes
-    the cost model assumes, :func:`tvm_fusion.testing.run_shapes`)."""
+    the cost model assumes, :func:`tvm_fusion.testing.run_shapes`).
+
+    ``artifacts``, a dict, receives what the report was made from (``plan``: the ModulePlan
+    or None, ``stock_mod``: stock FuseOps' module), so a picture can show the same plan."""
     from .devices import require_device
     from .symbolic import symbolic_hints
     from .testing import max_abs_error, onnx_reference, random_inputs, run_shapes
@@ -96,6 +100,8 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     # pre-fuses), so operators, CIL/MIL, the anchor bound and IRS-before are the model's own.
     original = _plan_only(mod, target, options.get("symbolic_hint"))
     module_plan = record[0] if record else original
+    if artifacts is not None:
+        artifacts.update(plan=record[0] if record else None, stock_mod=stock_mod)
     nodes = [n for p in original.plans.values() for n in p.ecg.nodes]
 
     report = ModelReport(

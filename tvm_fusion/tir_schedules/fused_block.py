@@ -30,6 +30,7 @@ from .analysis import alloc_buffers
 from .cpu import schedule_cpu
 from .cpu_target import CpuParams, cpu_params
 from .fast_math import fast_math
+from .ieee import protect_negations
 from .inline import _first_line, inline_producers
 from .order import hoist_independent_stages
 
@@ -49,7 +50,7 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
 
     ``fast`` replaces float32 exp/erf/tanh/sigmoid by vectorisable approximations
     (:mod:`.fast_math`)."""
-    base = hoist_independent_stages(refresh_access_regions(func))
+    base = hoist_independent_stages(refresh_access_regions(protect_negations(func)))
     base = base.with_attr("global_symbol", "main")
     sch = s_tir.Schedule(base)
     kept, inlined = inline_producers(sch) if inline else ({}, [])

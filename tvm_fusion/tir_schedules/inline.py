@@ -14,9 +14,8 @@ storing it once (:func:`inline_decision`); the reason is recorded per buffer.
 
 from __future__ import annotations
 
-from tvm import s_tir, tirx
+from tvm import s_tir
 
-from ..tir_utils import find_all
 from .analysis import BlockFacts, block_facts, numel, param_names, root_block, uses_var
 from .fast_math import MAX_NESTED
 
@@ -56,10 +55,6 @@ def inline_decision(sch: s_tir.Schedule, block_rv, facts: BlockFacts) -> tuple[b
         if cf.is_reduction:
             reducers.append(cf.name)
     where = ", ".join(repr(n) for n in names)
-    if _float_comparison(sch.get(block_rv).body.value) and any(
-            find_all(sch.get(c).body, tirx.Not) for c in consumers):
-        return False, (f"a float comparison under a logical not in {where}: TVM's simplifier "
-                       "turns !(a < b) into a >= b, which is false for NaN")
     if facts.nested and facts.nested + nested > MAX_NESTED:
         return False, (f"{facts.nested + nested} exp/erf/tanh/sigmoid nested in {where}: more "
                        f"than {MAX_NESTED} in one expression compile exponentially in TVM")
@@ -87,14 +82,6 @@ def inline_decision(sch: s_tir.Schedule, block_rv, facts: BlockFacts) -> tuple[b
     shared = f"common sub-tree of {len(names)} consumers, " if len(names) > 1 else ""
     return False, (f"{shared}{kind}{where} reads it {reuse:.0f}x per element: recomputing "
                    f"{facts.cost} ops each time costs more than computing it once")
-
-
-_COMPARISONS = (tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.EQ, tirx.NE)
-
-
-def _float_comparison(value) -> bool:
-    return isinstance(value, _COMPARISONS) and str(value.a.ty.dtype).startswith(
-        ("float", "bfloat"))
 
 
 def _read_across_output_axis(cf: BlockFacts | None, buffer: str) -> bool:

@@ -1,0 +1,92 @@
+"""The plan's picture (issue 25): one offline HTML file, one cluster per kernel of the report,
+every rejection reason on its edge, stock FuseOps' kernels as the second view."""
+
+import html
+import re
+
+import onnx
+import pytest
+
+from tvm_fusion.cli import main
+from tvm_fusion.models import get_builtin
+from tvm_fusion.report import make_report
+from tvm_fusion.visualize import picture
+
+
+@pytest.fixture(scope="module", params=["encoder", "figure3"])
+def drawn(request):
+    artifacts: dict = {}
+    report = make_report(get_builtin(request.param), request.param, "llvm", check=False,
+                         artifacts=artifacts)
+    page = picture(artifacts["plan"], artifacts["stock_mod"], request.param,
+                   report.fused_kernels).html
+    return report, page
+
+
+def _view(page: str, name: str) -> str:
+    start = page.index(f'data-view="{name}"')
+    return page[start:page.index("</svg>", start)]
+
+
+def test_page_is_one_offline_file(drawn):
+    _, page = drawn
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert "http" not in page and "src=" not in page and "@import" not in page
+    assert not re.search(r"url\((?!#)", page)  # only the in-page arrow marker
+    assert page.count("<script") == 2  # the kernel counts (JSON) and the toggle, both inline
+
+
+def test_one_cluster_per_fused_kernel(drawn):
+    report, page = drawn
+    ours = _view(page, "tvm_fusion")
+    assert ours.count('class="cluster"') == report.fused_kernels
+    assert f'data-kernels="{report.fused_kernels}"' in ours
+    # every operator of the report's blocks is drawn inside its kernel's cluster
+    assert ours.count('class="op"') == sum(len(b.operators) for b in report.blocks)
+
+
+def test_every_rejection_reason_is_on_an_edge_and_in_the_table(drawn):
+    report, page = drawn
+    assert report.rejections
+    ours = _view(page, "tvm_fusion")
+    table = page[page.index("<table>"):page.index("</table>")]
+    for r in report.rejections:
+        reason = html.escape(r["reason"], quote=True)
+        assert f": {reason}</title>" in ours, r
+        assert f"<td>{reason}</td>" in table, r
+    assert table.count("<tr data-edge=") == ours.count('class="cut"')
+
+
+def test_stock_view_has_its_kernel_count(drawn):
+    report, page = drawn
+    stock = _view(page, "stock")
+    assert f'data-kernels="{report.stock_kernels}"' in stock
+    assert stock.count('class="cluster"') == report.stock_kernels
+    assert f'"stock": {report.stock_kernels}' in page
+    assert f"stock FuseOps {report.stock_kernels} kernels" in page
+    assert 'id="toggle"' in page
+
+
+def test_report_html_flag_writes_the_page(tmp_path, capsys):
+    model = tmp_path / "figure3.onnx"
+    onnx.save(get_builtin("figure3"), model)
+    out = tmp_path / "sub" / "plan.html"
+    assert main(["report", str(model), "--no-check", "--html", str(out)]) == 0
+    page = out.read_text()
+    assert _view(page, "tvm_fusion").count('class="cluster"') == 2
+    assert not list(out.parent.glob(".*.tmp"))  # the atomic write left no temp file
+    capsys.readouterr()
+    assert main(["report", str(model), "--no-check", "--html", str(tmp_path)]) == 2
+    assert "--html" in capsys.readouterr().err
+    assert main(["report", str(model), str(model), "--html", str(out)]) == 2
+
+
+def test_visualize_renders_inline_and_saves_the_same_document(tmp_path):
+    import tvm_fusion
+
+    shown = tvm_fusion.visualize(get_builtin("figure3"), "llvm", title="figure3")
+    assert shown._repr_html_() == shown.html
+    path = tmp_path / "plan.html"
+    shown.save(path)
+    assert path.read_text() == shown._repr_html_()
+    assert "tvm_fusion 2 kernels" in shown.html and "stock FuseOps 5 kernels" in shown.html

@@ -1,0 +1,418 @@
+"""The fusion plan as a picture: one self-contained HTML page (inline SVG, a little inline JS).
+
+Why a page: a plan is a graph, and ``report --why`` lists it as text that the reader has to
+cross-reference by block number. The page draws the operator graph with each fusion block as a
+cluster, puts the reason on every edge the planner cut, and toggles to stock FuseOps' kernels of
+the same model, so "which operators became one kernel, and why not these two" is one look.
+
+Nothing is fetched when the page opens (no script, font or style from a URL): it works offline
+and can be attached to an issue. The layout is computed here, at write time: blocks are ranked
+by longest path over the block graph (a DAG: the planner rejects cycles), each rank is a column,
+and a block's operators are stacked in its column in topological order, so clusters never
+overlap. Operators are named by their lowered PrimFunc names and Relax variables: the ECG does
+not keep the ONNX node names (``relax.frontend.onnx`` drops them).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+
+# anchor mapping type -> cluster fill (light) and stroke (dark)
+COLOURS = {
+    "O2O": ("#e3f2e1", "#3b8a3e"),
+    "Reorg": ("#e6f0fa", "#3a6ea5"),
+    "Shuffle": ("#efe6f7", "#7a4fa3"),
+    "O2M": ("#fff3d6", "#b8860b"),
+    "M2M": ("#fde2e1", "#c0392b"),
+    "Opaque": ("#e8e8e8", "#555555"),
+    "kernel": ("#eef1f5", "#5a6b7d"),
+}
+COL_W, NODE_W, NODE_H, ROW_GAP, PAD, HEAD = 310, 240, 22, 6, 10, 20
+INDENT, BAND_GAP = 20, 34  # room for in-block arcs on the left; between ranks
+LABEL_CHARS = 36  # what fits NODE_W at 11px monospace; the full name is in the tooltip
+
+
+@dataclass
+class Node:
+    label: str  # PrimFunc (or Relax op) name
+    var: str  # the Relax variable it binds (names repeat: a label needs it to be unique)
+    detail: str  # tooltip text
+
+
+@dataclass
+class Cluster:
+    kernel: int
+    kind: str  # mapping type short name, or "kernel" for stock FuseOps
+    members: list[int]  # node ids, topological order
+    note: str = ""
+
+
+@dataclass
+class Graph:
+    """A graph to draw: nodes, data edges (with the reason when cut), clusters (kernels)."""
+
+    title: str
+    nodes: list[Node] = field(default_factory=list)
+    edges: list[tuple[int, int, str]] = field(default_factory=list)  # (src, dst, reason or "")
+    clusters: list[Cluster] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------ from the plans
+
+
+def plan_graph(module_plan) -> Graph:
+    """tvm_fusion's view: every ECG operator, every block of every planned dataflow block."""
+    graph = Graph("tvm_fusion")
+    for (func, block_index), plan in module_plan.plans.items():
+        ecg = plan.ecg
+        base = len(graph.nodes)
+        block_of = {i: b for b, blk in enumerate(plan.blocks) for i in blk.members}
+        for n in ecg.nodes:
+            graph.nodes.append(Node(n.op_name, n.name,
+                                    f"{n.name} = {n.op_name} [{n.mapping_type.short}] "
+                                    f"({func}, dataflow block {block_index}); {n.reason}"))
+        reasons = _rejection_index(plan)
+        for n in ecg.nodes:
+            for s in n.succs:
+                cut = block_of.get(n.index) != block_of.get(s)
+                reason = (reasons.get((n.index, s), "not tried by the planner")
+                          if cut else "")
+                graph.edges.append((base + n.index, base + s, reason))
+        for blk in plan.blocks:
+            saved = sum(ecg.nodes[i].irs_bytes for i in blk.members
+                        if ecg.ir_removable(i, block_of))
+            graph.clusters.append(Cluster(len(graph.clusters), blk.mapping_type.short,
+                                          [base + i for i in blk.members],
+                                          f"{_bytes(saved)} not written" if saved else ""))
+    return graph
+
+
+def _rejection_index(plan) -> dict[tuple[int, int], str]:
+    """Rejections name operators by ``describe()`` strings, which may repeat (Relax reuses
+    variable names such as ``lv``); resolve each to the producer -> consumer edge it is about."""
+    by_text: dict[str, list[int]] = {}
+    for n in plan.ecg.nodes:
+        by_text.setdefault(n.describe(), []).append(n.index)
+    out: dict[tuple[int, int], str] = {}
+    for r in plan.rejections:
+        for a in by_text.get(r.first, []):
+            for b in by_text.get(r.second, []):
+                if b in plan.ecg.nodes[a].succs:
+                    out.setdefault((a, b), r.reason)
+    return out
+
+
+def kernel_graph(mod, title: str = "stock FuseOps") -> Graph:
+    """A fused module's kernels (one per ``call_tir``/``call_dps_packed``) and the data edges
+    between them, followed through the bindings that launch nothing (tuples, reshapes)."""
+    from tvm import relax
+
+    graph = Graph(title)
+    for gvar, func in mod.functions.items():
+        if not isinstance(func, relax.Function):
+            continue
+        producers: dict = {}  # Relax var -> kernel node ids it carries
+
+        def uses(expr, producers=producers):
+            found: set[int] = set()
+
+            def visit(e):
+                if isinstance(e, relax.Var) and e in producers:
+                    found.update(producers[e])
+
+            relax.analysis.post_order_visit(expr, visit)
+            return found
+
+        for block in getattr(func.body, "blocks", []):
+            for binding in block.bindings:
+                value = getattr(binding, "value", None)
+                if value is None:
+                    continue
+                srcs = uses(value)
+                if _is_launch(value):
+                    callee = value.args[0]
+                    name = getattr(callee, "name_hint", None) or str(callee)
+                    idx = len(graph.nodes)
+                    graph.nodes.append(Node(name, binding.var.name, f"{binding.var.name} = {name} "
+                                                  f"({gvar.name_hint})"))
+                    graph.clusters.append(Cluster(len(graph.clusters), "kernel", [idx]))
+                    graph.edges += [(s, idx, "") for s in sorted(srcs)]
+                    producers[binding.var] = {idx}
+                elif srcs:
+                    producers[binding.var] = srcs
+    return graph
+
+
+def _is_launch(expr) -> bool:
+    import tvm
+    from tvm import relax
+
+    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+            and expr.op.name in ("relax.call_tir", "relax.call_dps_packed"))
+
+
+# ------------------------------------------------------------------------------------ layout
+
+
+def layout(graph: Graph) -> tuple[dict[int, tuple[float, float, float, float]],
+                                  dict[int, tuple[float, float]], float, float]:
+    """Cluster boxes (x, y, w, h) and node positions (x, y), plus the canvas size.
+
+    A cluster's band (row) is its longest-path rank in the cluster graph, so data flows top to
+    bottom; clusters of one band sit side by side in kernel order."""
+    cluster_of = {n: c.kernel for c in graph.clusters for n in c.members}
+    preds: dict[int, set[int]] = {c.kernel: set() for c in graph.clusters}
+    for a, b, _ in graph.edges:
+        ca, cb = cluster_of.get(a), cluster_of.get(b)
+        if ca is not None and cb is not None and ca != cb:
+            preds[cb].add(ca)
+    rank: dict[int, int] = {}
+
+    def rank_of(c: int, seen: frozenset = frozenset()) -> int:
+        if c not in rank:
+            if c in seen:  # not a DAG (should not happen): break the loop, still draw
+                return 0
+            rank[c] = 1 + max((rank_of(p, seen | {c}) for p in preds[c]), default=-1)
+        return rank[c]
+
+    for c in preds:
+        rank_of(c)
+    bands: dict[int, list[Cluster]] = {}
+    for c in graph.clusters:
+        bands.setdefault(rank[c.kernel], []).append(c)
+    boxes, places = {}, {}
+    y, width = PAD, PAD
+    for r in sorted(bands):
+        tallest = 0.0
+        for col, c in enumerate(bands[r]):
+            h = HEAD + len(c.members) * (NODE_H + ROW_GAP) + PAD
+            x = PAD + col * COL_W
+            boxes[c.kernel] = (x, y, NODE_W + 2 * INDENT, h)
+            for row, n in enumerate(c.members):
+                places[n] = (x + INDENT, y + HEAD + row * (NODE_H + ROW_GAP))
+            tallest = max(tallest, h)
+            width = max(width, x + COL_W)
+        y += tallest + BAND_GAP
+    height = y
+    return boxes, places, width, height
+
+
+# ------------------------------------------------------------------------------------- render
+
+
+def render_svg(graph: Graph, view: str, hidden: bool = False) -> str:
+    """One view: ``<svg data-view=... data-kernels=N>`` with a ``<g class="cluster">`` per
+    kernel; a cut edge is a ``<path class="cut">`` whose ``<title>`` is the reason."""
+    boxes, places, width, height = layout(graph)
+    cluster_of = {n: c.kernel for c in graph.clusters for n in c.members}
+    parts = [f'<svg class="view" data-view="{view}" '
+             f'data-kernels="{len(graph.clusters)}" width="{width:.0f}" height="{height:.0f}"'
+             + (' style="display:none"' if hidden else "") + ">"]
+    for c in graph.clusters:
+        x, y, w, h = boxes[c.kernel]
+        fill, stroke = COLOURS.get(c.kind, COLOURS["kernel"])
+        names = ", ".join(graph.nodes[n].label for n in c.members)
+        head = f"#{c.kernel} {c.kind}" if c.kind != "kernel" else f"#{c.kernel}"
+        parts.append(
+            f'<g class="cluster" data-kernel="{c.kernel}"><title>{_e(head)}: {_e(names)}'
+            + (f" ({_e(c.note)})" if c.note else "") + "</title>"
+            f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="6" fill="{fill}" '
+            f'stroke="{stroke}" stroke-width="1.5"/>'
+            f'<text x="{x + 6}" y="{y + 14}" class="head" fill="{stroke}">{_e(head)}'
+            + (f" · {_e(c.note)}" if c.note else "") + "</text></g>")
+    edges = []
+    for k, (a, b, reason) in enumerate(graph.edges):
+        if a not in places or b not in places:
+            continue
+        (ax, ay), (bx, by) = places[a], places[b]
+        same = cluster_of.get(a) == cluster_of.get(b)
+        if same:  # inside a cluster: the consumer sits below; a short arc on the left edge
+            x0, y0, y1 = ax, ay + NODE_H / 2, by + NODE_H / 2
+            bend = min(INDENT - 3.0, 6 + (y1 - y0) / 6)
+            d = f"M{x0},{y0} C{x0 - bend},{y0} {x0 - bend},{y1} {x0},{y1}"
+        else:
+            # orthogonal, through empty space only: right out of the producer, down the gutter
+            # right of its column, across the gap above the consumer's band, down the gutter
+            # of the consumer's column, left into the consumer
+            lane = (k % 5) * 3
+            ga, gb = ax + NODE_W + INDENT + 6 + lane, bx + NODE_W + INDENT + 6 + lane
+            y0, y1 = ay + NODE_H / 2, by + NODE_H / 2
+            gap = boxes[cluster_of[b]][1] - 8 - (k % 4) * 4
+            d = (f"M{ax + NODE_W},{y0} L{ga},{y0} L{ga},{gap} L{gb},{gap} L{gb},{y1} "
+                 f"L{bx + NODE_W},{y1}")
+        cls = "cut" if reason else ("in" if same else "link")
+        title = (f"<title>{_e(graph.nodes[a].label)} → {_e(graph.nodes[b].label)}: "
+                 f"{_e(reason)}</title>") if reason else ""
+        data = f' data-edge="{k}"' if reason else ""
+        edges.append(f'<path class="{cls}"{data} d="{d}" marker-end="url(#arrow)">{title}</path>')
+    parts.append('<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" '
+                 'markerWidth="6" markerHeight="6" orient="auto"><path d="M0,0 L8,4 L0,8 z" '
+                 'fill="#666"/></marker></defs>')
+    parts += edges
+    for n, (x, y) in places.items():
+        node = graph.nodes[n]
+        parts.append(f'<g class="op" data-name="{_e(node.label.lower())}"><title>{_e(node.detail)}'
+                     f'</title><rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="3" '
+                     f'fill="#fff" stroke="#999"/><text x="{x + 5}" y="{y + 15}">'
+                     f"{_e(_short(node.label))}</text></g>")
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def render_html(ours: Graph, stock: Graph, title: str = "fusion plan",
+                fused_kernels: int | None = None, stock_kernels: int | None = None) -> str:
+    """The whole page: header with both kernel counts, the toggle, both views, the table of
+    cut edges with their reasons."""
+    fused_kernels = len(ours.clusters) if fused_kernels is None else fused_kernels
+    stock_kernels = len(stock.clusters) if stock_kernels is None else stock_kernels
+    rows = []
+    for k, (a, b, reason) in enumerate(ours.edges):
+        if not reason:
+            continue
+        rows.append(f'<tr data-edge="{k}"><td>{_cell(ours.nodes[a])}</td>'
+                    f"<td>{_cell(ours.nodes[b])}</td><td>{_e(reason)}</td></tr>")
+    legend = " ".join(f'<span class="key" style="background:{f};border-color:{s}">{_e(k)}</span>'
+                      for k, (f, s) in COLOURS.items() if k != "kernel")
+    counts = json.dumps({"tvm_fusion": fused_kernels, "stock": stock_kernels})
+    return _PAGE.format(
+        title=_e(title), fused=fused_kernels, stock=stock_kernels, legend=legend,
+        operators=len(ours.nodes), ours=render_svg(ours, "tvm_fusion"),
+        theirs=render_svg(stock, "stock", hidden=True), rows="\n".join(rows),
+        cuts=len(rows), counts=counts, css=_CSS, js=_JS)
+
+
+@dataclass
+class FusionPicture:
+    """The page; shows inline in Jupyter (``_repr_html_``) and ``save``s to a file."""
+
+    html: str
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def save(self, path) -> None:
+        """Atomically (temp file + ``os.replace``); readable by others, as a page to share
+        should be (the temp file is created 0600)."""
+        import os
+
+        from .atomic import atomic_write_text
+
+        atomic_write_text(path, self.html)
+        os.chmod(path, 0o644)
+
+
+def picture(module_plan, stock_mod, title: str = "fusion plan",
+            fused_kernels: int | None = None) -> FusionPicture:
+    """The page of one planned module against stock FuseOps' fused module."""
+    from .compile import count_kernels
+
+    return FusionPicture(render_html(plan_graph(module_plan), kernel_graph(stock_mod), title,
+                                     fused_kernels, count_kernels(stock_mod)))
+
+
+def visualize(mod_or_model, target="llvm", title: str | None = None, **options) -> FusionPicture:
+    """Plan an ONNX model (a path or a ``ModelProto``) or an imported Relax module with
+    tvm_fusion and with stock FuseOps, and draw both. ``options`` are tvm_fusion's options."""
+    import onnx
+
+    from .compile import count_kernels, fuse, import_onnx, load_onnx
+
+    if isinstance(mod_or_model, str):
+        title = title or mod_or_model
+        mod_or_model = load_onnx(mod_or_model)
+    mod = import_onnx(mod_or_model) if isinstance(mod_or_model, onnx.ModelProto) else mod_or_model
+    record: list = []
+    fused = fuse(mod, target, record=record, **options)
+    if not record:
+        raise ValueError("visualize: the planner recorded no plan (strategy='tvm' has none)")
+    stock = fuse(mod, target, strategy="tvm")
+    return picture(record[0], stock, title or "fusion plan", count_kernels(fused))
+
+
+def _cell(node: Node) -> str:
+    return f'{_e(node.label)} <span class="var">{_e(node.var)}</span>'
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= LABEL_CHARS else label[: LABEL_CHARS - 1] + "…"
+
+
+def _bytes(n: int) -> str:
+    if n >= 100_000:
+        return f"{n / 1e6:.2f} MB"
+    return f"{n / 1e3:.1f} kB" if n >= 1000 else f"{n} B"
+
+
+def _e(text) -> str:
+    return html.escape(str(text), quote=True)
+
+
+_CSS = """
+body{font:13px system-ui,sans-serif;margin:0;color:#222}
+header{padding:8px 12px;border-bottom:1px solid #ccc;background:#fafafa}
+header h1{font-size:16px;margin:0 0 4px}
+.key{display:inline-block;padding:1px 6px;border:1.5px solid;border-radius:4px;margin-right:4px}
+main{display:flex;height:calc(100vh - 92px)}
+#canvas{flex:1;overflow:auto;border-right:1px solid #ccc}
+aside{width:480px;overflow:auto;padding:0 8px}
+svg text{font:11px ui-monospace,monospace}
+svg text.head{font-weight:bold}
+path.in,path.link{fill:none;stroke:#999;stroke-width:1}
+path.link{stroke:#5a6b7d;stroke-width:1.2}
+path.cut{fill:none;stroke:#c0392b;stroke-width:1.4;stroke-dasharray:5 3;cursor:pointer}
+path.cut:hover,path.cut.sel{stroke-width:3.5}
+g.op.hit rect{fill:#fff59d;stroke:#333}
+table{border-collapse:collapse;width:100%;font-size:12px}
+td,th{border-bottom:1px solid #ddd;padding:3px;text-align:left;vertical-align:top}
+td:nth-child(-n+2){font-family:ui-monospace,monospace;word-break:break-all}
+.var{color:#888}
+tr.sel{background:#fff59d}
+button{margin-right:6px}
+"""
+
+_JS = """
+(function(){
+  var views=document.querySelectorAll('svg.view');
+  function show(name){views.forEach(function(v){
+    v.style.display=v.getAttribute('data-view')===name?'':'none';});
+    document.getElementById('which').textContent=name==='stock'?'stock FuseOps':'tvm_fusion';}
+  document.getElementById('toggle').onclick=function(){
+    var cur=document.querySelector('svg.view:not([style*="none"])').getAttribute('data-view');
+    show(cur==='stock'?'tvm_fusion':'stock');};
+  function select(k){document.querySelectorAll('.sel').forEach(function(e){
+    e.classList.remove('sel');});
+    document.querySelectorAll('[data-edge="'+k+'"]').forEach(function(e){
+      e.classList.add('sel');if(e.tagName==='TR'){e.scrollIntoView({block:'nearest'});}});}
+  document.querySelectorAll('path.cut').forEach(function(p){
+    p.onclick=function(){select(p.getAttribute('data-edge'));};});
+  document.querySelectorAll('tr[data-edge]').forEach(function(r){
+    r.onclick=function(){select(r.getAttribute('data-edge'));show('tvm_fusion');
+      var p=document.querySelector('path[data-edge="'+r.getAttribute('data-edge')+'"]');
+      if(p){p.scrollIntoView({block:'center',inline:'center'});}};});
+  document.getElementById('search').oninput=function(e){var q=e.target.value.toLowerCase();
+    document.querySelectorAll('g.op').forEach(function(g){
+      g.classList.toggle('hit',q.length>0&&g.getAttribute('data-name').indexOf(q)>=0);});};
+})();
+"""
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>{css}</style></head><body>
+<header><h1>{title}: {operators} operators as planned, tvm_fusion {fused} kernels,
+stock FuseOps {stock} kernels</h1>
+<button id="toggle">toggle tvm_fusion / stock FuseOps</button> showing <b id="which">tvm_fusion</b>
+&nbsp; <input id="search" placeholder="find operator" size="18"> &nbsp; anchor: {legend}
+<span style="color:#c0392b">- - -</span> edge kept apart (hover or click for why)
+<script type="application/json" id="kernel-counts">{counts}</script></header>
+<main><div id="canvas">
+{ours}
+{theirs}
+</div><aside><h3>{cuts} edges between kernels, and why</h3>
+<table><tr><th>producer</th><th>consumer</th><th>why not fused</th></tr>
+{rows}
+</table></aside></main>
+<script>{js}</script>
+</body></html>
+"""

@@ -4,8 +4,9 @@ Two things a TVM wheel or a machine may lack, which otherwise surface deep insid
 
 * a **code generator**: a wheel built without Vulkan has no ``target.build.vulkan``, and the
   first build of a kernel fails (inside a DLight schedule probe, which then gets the blame);
-* a **device**: a CUDA build compiles anywhere, but running it (the report's numerical check,
-  ``bench``) on a machine without a GPU fails with "CUDA runtime is not linked".
+* a **device** to run on: a CUDA build compiles anywhere, but running it (the report's
+  numerical check, ``bench``) fails with "CUDA runtime is not linked" where the wheel has no
+  CUDA runtime (the PyPI wheel, even on a GPU machine) or the machine has no GPU.
 
 Both are bad input (a ``ValueError``: the CLI's exit code 2), checked before any work starts.
 """
@@ -69,9 +70,15 @@ def require_device(target, hint: str = "") -> None:
     if not kind or kind in _HOST_KINDS:
         return
     try:
-        present = tvm.device(kind, 0).exist
+        device = tvm.device(kind, 0)
     except Exception:  # noqa: BLE001 (a kind with no runtime device type: nothing to check)
         return
-    if not present:
+    tail = f"; {hint}" if hint else ""
+    if tvm.get_global_func(f"device_api.{kind}", allow_missing=True) is None:
+        # the PyPI wheel: CUDA code is generated, but no CUDA runtime is linked to run it
+        raise ValueError(f"the installed TVM ({tvm.__version__}) has no {display_name(kind)} "
+                         f"runtime (device_api.{kind} is not registered), so it cannot run the "
+                         f"--target {kind} build on any machine{tail}")
+    if not device.exist:
         raise ValueError(f"no {display_name(kind)} device on this machine to run the "
-                         f"--target {kind} build" + (f"; {hint}" if hint else ""))
+                         f"--target {kind} build{tail}")

@@ -65,8 +65,7 @@ def _check_device(args) -> None:
         require_device(args.target, "the report runs the model to check it: pass --no-check to "
                                     "plan and compile without running")
     elif args.command in ("demo", "bench"):
-        require_device(args.target, f"{args.command} runs the model: use a machine with one, "
-                                    "or a CPU target")
+        require_device(args.target, f"{args.command} runs the model: give a CPU --target here")
 
 
 def _one_line(err: BaseException) -> str:

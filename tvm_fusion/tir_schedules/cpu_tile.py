@@ -31,6 +31,8 @@ from .analysis import (
     stride_in_last_dim,
 )
 from .cpu_target import CpuParams
+from .fast_math import MAX_NESTED
+from .inline import MAX_INLINED_COST
 from .loops import (
     lane_use,
     largest_divisor,
@@ -283,6 +285,7 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
     # spatial consumer of what the write-back writes is inlined into it, so it stores the
     # epilogue's value at the epilogue's (possibly permuted) index from the accumulator.
     fused_epilogue, leftover = [], []
+    nested = cost = 0  # of the epilogue folded so far (one expression: inline.py's budgets)
     while True:
         consumers = sch.get_consumers(wb)
         if len(consumers) != 1:
@@ -291,9 +294,11 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
         cf = block_facts(sch, consumers[0])
         written = sch.get(wb).writes[0].source.name
         if (cf is None or cf.is_reduction or _read_under_condition(sch, consumers[0], written)
-                or not _reads_each_element_once(cf, written, shapes_of(sch))):
+                or not _reads_each_element_once(cf, written, shapes_of(sch))
+                or nested + cf.nested > MAX_NESTED or cost + cf.cost > MAX_INLINED_COST):
             leftover = [consumers[0]]
             break
+        nested, cost = nested + cf.nested, cost + cf.cost
         try:
             _hide_reads(sch, consumers[0], ready)
             sch.reverse_compute_inline(consumers[0])

@@ -155,10 +155,13 @@ def compile_model(mod: tvm.IRModule, target="llvm", strategy: str = "dnnfusion",
     """
     tgt = to_target(target)
     require_codegen(tgt)
-    if strategy == "none":
-        return tvm.compile(mod, tgt)
-    if strategy == "tvm" and not options:
-        return tvm.compile(mod, tgt, relax_pipeline=relax.get_default_pipeline(tgt))
+    if strategy == "none" or (strategy == "tvm" and not options):
+        from .native_log import filtered_stderr
+
+        with filtered_stderr():  # stock TVM's native noise (take's warning) kept out too
+            if strategy == "none":
+                return tvm.compile(mod, tgt)
+            return tvm.compile(mod, tgt, relax_pipeline=relax.get_default_pipeline(tgt))
     return tvm.compile(mod, tgt, relax_pipeline=get_pipeline(tgt, strategy=strategy, **options))
 
 

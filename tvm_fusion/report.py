@@ -9,6 +9,7 @@ ONNX reference.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -251,15 +252,35 @@ def format_report(report: ModelReport, why: bool = False) -> str:
                          f"{c['modelled_speedup']:.2f}x"
                          + ("" if c["chosen"] else f"; not fused: {c['reason']}"))
     if why:
-        lines.append("  rejected pairs:")
-        for r in report.rejections:
-            lines.append(f"    {r['first']} -> {r['second']}: {r['reason']}")
+        groups = group_rejections(report.rejections)
+        lines.append(f"  rejected pairs: {len(report.rejections)}, in {len(groups)} patterns "
+                     f"(count, producer -> consumer kind: reason; JSON lists every pair)")
+        for (first, second, reason), count in groups.items():
+            lines.append(f"    {count:3d}x {first} -> {second}: {reason}")
         lines.append("  yellow (fuse_depend) decisions:")
         for y in report.yellow:
             verdict = "fused" if y["fuse"] else "kept apart"
             lines.append(f"    {y['first']} -> {y['second']}: {verdict} ({y['decided_by']}: "
                          f"{y['detail']})")
     return "\n".join(lines)
+
+
+def group_rejections(rejections: list[dict]) -> dict[tuple[str, str, str], int]:
+    """Rejected pairs by pattern (producer kind, consumer kind, reason) with their counts, in
+    order of first appearance: a transformer's layers repeat the same rejection per layer,
+    which as one line each buried the few distinct reasons (BERT-base: 159 lines)."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for r in rejections:
+        key = (operator_kind(r["first"]), operator_kind(r["second"]), r["reason"])
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def operator_kind(described: str) -> str:
+    """``lv23=fused_matmul4_add5[M2M]`` → ``fused_matmul_add[M2M]``: the operator without its
+    Relax variable and the numbers TVM appends to repeated PrimFunc names (``conv2d`` kept)."""
+    name = described.split("=", 1)[1] if "=" in described else described
+    return re.sub(r"(?<=[a-z])\d+(?=_|\[|$)", "", name)
 
 
 def _chain_row(ecg, decision) -> dict:
@@ -283,4 +304,4 @@ def _mb(num_bytes: int) -> str:
     return f"{num_bytes / 1e6:.3f} MB"
 
 
-__all__ = ["ModelReport", "make_report", "format_report", "check_outputs"]
+__all__ = ["ModelReport", "make_report", "format_report", "check_outputs", "group_rejections"]

@@ -17,6 +17,7 @@ from tvm import relax
 
 from .layout.conv_pack import PackConvs
 from .layout.smartmem import EliminateLayoutTransforms
+from .native_log import filtered_stderr
 from .options import OPTIONS, check_options
 from .relay_passes.fusion_plan import AnalyticOracle, PlanOptions
 from .relay_passes.fusion_table import FusionTable
@@ -93,6 +94,12 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.Sequential")
     def _sequential(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        # legalisation (LegalizeOps, FoldConstant) logs native warnings that say nothing to a
+        # user, such as topi take's once per Gather: kept out, the others replayed
+        with filtered_stderr():
+            return _passes(mod)
+
+    def _passes(mod: tvm.IRModule) -> tvm.IRModule:
         tgt = resolved or tvm.target.Target.current() or tvm.target.Target("llvm")
         warn_if_bare_llvm(tgt)
         ours = opts["strategy"] != "tvm"  # "tvm" is stock TVM's graph passes, kept pure

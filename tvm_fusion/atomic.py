@@ -8,19 +8,28 @@ import tempfile
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder.
+    """Write ``text`` (UTF-8) to ``path`` as :func:`atomic_write_bytes` does."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder.
 
     The temporary file is flushed and fsynced, then ``os.replace``d over ``path`` (atomic on
     POSIX and Windows within one file system), and the folder is fsynced so the rename itself
-    survives a power cut. A reader sees the old content or the new, never a torn write.
+    survives a power cut. A reader sees the old content or the new, never a torn write. The file
+    gets the permissions a plain ``open`` would give (mkstemp's 0600 would hide it from others).
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    umask = os.umask(0)
+    os.umask(umask)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        os.chmod(tmp, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

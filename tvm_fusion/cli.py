@@ -240,20 +240,20 @@ def _check_target(target: str) -> None:
         raise ValueError(f"--target: {err}") from None
 
 
-def _output_path(path: str) -> str:
-    """``-o``: missing parent folders are created (as ``--out`` folders are); a folder or an
-    unwritable place is one line naming ``-o``."""
+def _writable_path(flag: str, path: str, example: str) -> str:
+    """An output file named by ``flag``, checked before any work: missing parent folders are
+    created (as ``--out`` folders are); a folder or an unwritable place is one line."""
     from pathlib import Path
 
     out = Path(path)
     if out.is_dir():
-        raise ValueError(f"-o {path}: is a folder; give a file name such as model.so")
+        raise ValueError(f"{flag} {path}: is a folder; give a file name such as {example}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ValueError(f"-o {path}: cannot create {out.parent} ({err.strerror})") from None
+        raise ValueError(f"{flag} {path}: cannot create {out.parent} ({err.strerror})") from None
     if not os.access(out.parent, os.W_OK):
-        raise ValueError(f"-o {path}: {out.parent} is not writable")
+        raise ValueError(f"{flag} {path}: {out.parent} is not writable")
     return str(out)
 
 
@@ -278,7 +278,7 @@ def _cmd_compile(args) -> int:
     from .compile import compile_model, import_onnx, load_onnx
 
     options = _options(args)
-    output = _output_path(args.output)
+    output = _writable_path("-o", args.output, "model.so")
     if getattr(args, "tuned", None):
         from .tuning.tune_cli import compile_tuned_cmd
 
@@ -309,7 +309,7 @@ def _cmd_report(args) -> int:
         raise ValueError("report needs ONNX files, or --zoo")
     if args.html and len(args.models) != 1:
         raise ValueError(f"--html draws one model; {len(args.models)} given")
-    html_path = _html_path(args.html) if args.html else None
+    html_path = _writable_path("--html", args.html, "plan.html") if args.html else None
     from .testing import shapes_for
 
     reports = []
@@ -330,23 +330,6 @@ def _cmd_report(args) -> int:
     else:
         print("\n\n".join(format_report(r, why=args.why) for r in reports))
     return 0
-
-
-def _html_path(path: str) -> str:
-    """Check ``--html`` before the model is planned: a folder or an unwritable place is bad
-    input, said before minutes of work, not after."""
-    from pathlib import Path
-
-    out = Path(path)
-    if out.is_dir():
-        raise ValueError(f"--html {path}: is a folder; give a file name such as plan.html")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"--html {path}: cannot create {out.parent} ({err.strerror})") from None
-    if not os.access(out.parent, os.W_OK):
-        raise ValueError(f"--html {path}: {out.parent} is not writable")
-    return str(out)
 
 
 def _write_picture(path: str, artifacts: dict, report) -> None:

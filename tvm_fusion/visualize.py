@@ -295,12 +295,10 @@ class FusionPicture:
     def save(self, path) -> None:
         """Atomically (temp file + ``os.replace``); readable by others, as a page to share
         should be (the temp file is created 0600)."""
-        import os
 
         from .atomic import atomic_write_text
 
         atomic_write_text(path, self.html)
-        os.chmod(path, 0o644)
 
 
 def picture(module_plan, stock_mod, title: str = "fusion plan",

@@ -361,3 +361,20 @@ def test_devices_read_the_kind_without_building_a_target(tmp_path):
         model = onnx.load(_tiny_model(tmp_path / "relu.onnx"))
         with pytest.raises(ValueError, match=r"CUDA (runtime|device).*pass check=False"):
             make_report(model, "relu", "cuda")
+
+
+def test_compile_tuned_keeps_the_tuning_target_when_none_is_given(monkeypatch, tmp_path):
+    """``compile --tuned DIR`` with no ``--target`` builds for the target DIR was tuned for (a
+    phone's), not for this machine's CPU, which is every other command's default."""
+    from tvm_fusion import cli
+    from tvm_fusion.tuning import tune_cli
+
+    seen = {}
+    monkeypatch.setattr(tune_cli, "compile_tuned_cmd",
+                        lambda model, tuned, out, target, options: seen.update(target=target))
+    out = str(tmp_path / "model.so")
+    assert cli.main(["compile", "m.onnx", "--tuned", str(tmp_path), "-o", out]) == 0
+    assert seen["target"] is None
+    assert cli.main(["compile", "m.onnx", "--tuned", str(tmp_path), "-o", out,
+                     "--target", "llvm"]) == 0
+    assert seen["target"] == "llvm"

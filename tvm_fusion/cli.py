@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     try:
-        if args.command in _HOST_DEFAULT and getattr(args, "target", None) in (None, NATIVE):
+        tuned_for_its_target = getattr(args, "tuned", None) and args.target is None
+        if (args.command in _HOST_DEFAULT and getattr(args, "target", None) in (None, NATIVE)
+                and not tuned_for_its_target):  # compile --tuned: the tuning's own target
             args.target = host_target()  # the CPU this runs on, not SSE2 (tvm_fusion.target)
         _check_device(args)
         return args.func(args)

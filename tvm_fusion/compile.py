@@ -13,7 +13,6 @@ import gc
 import io
 import os
 import re
-import sys
 import warnings
 
 import numpy as np
@@ -23,6 +22,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 from .devices import require_codegen
+from .native_log import EVERYTHING, filtered_stderr
 from .pipeline import get_pipeline
 
 _CALL_TIR = "relax.call_tir"
@@ -104,16 +104,9 @@ def _free_quietly(err: BaseException) -> None:
     """Drop ``err``'s frames with the process's stderr (fd 2) muted, so native objects the
     failed import abandoned log their destructor warnings nowhere rather than next to our
     one-line error."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            err.__traceback__ = None
-            gc.collect()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+    with filtered_stderr(noise=EVERYTHING):
+        err.__traceback__ = None
+        gc.collect()
 
 
 def _first_line(err: BaseException) -> str:
@@ -156,8 +149,6 @@ def compile_model(mod: tvm.IRModule, target="llvm", strategy: str = "dnnfusion",
     tgt = to_target(target)
     require_codegen(tgt)
     if strategy == "none" or (strategy == "tvm" and not options):
-        from .native_log import filtered_stderr
-
         with filtered_stderr():  # stock TVM's native noise (take's warning) kept out too
             if strategy == "none":
                 return tvm.compile(mod, tgt)

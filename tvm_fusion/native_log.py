@@ -23,6 +23,10 @@ NOISE = [
 ]
 
 
+# every line: for native objects dropped after a failure we already report in one line
+EVERYTHING = [re.compile("")]
+
+
 @contextlib.contextmanager
 def filtered_stderr(noise=NOISE):
     """Capture fd 2 for the block; afterwards write back the lines no ``noise`` pattern

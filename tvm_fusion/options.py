@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["OPTIONS", "SCHEMA", "Option", "check_options", "parse_cli_option",
+__all__ = ["OPTIONS", "SCHEMA", "Option", "check_option", "check_options", "parse_cli_option",
            "parse_cli_options", "parse_table3"]
 
 
@@ -177,6 +177,11 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in options.items():
         merged[name] = _check_value(_BY_NAME[name], value)
     return merged
+
+
+def check_option(name: str, value: Any) -> Any:
+    """One option's value, validated and normalised as :func:`check_options` does."""
+    return _check_value(_option(name), value)
 
 
 def _bad(opt: Option, value: Any, why: str, cli: bool = False) -> OptionError:

@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping
 import tvm
 from tvm import relax, sym, tirx
 
+from .options import check_option
+
 DEFAULT_BATCH = 1
 DEFAULT_EXTENT = 128
 # dim_param names taken as a batch dimension (case-insensitive, whole name)
@@ -39,18 +41,8 @@ __all__ = ["DEFAULT_BATCH", "DEFAULT_EXTENT", "check_hints", "concrete_shape", "
 
 
 def check_hints(hints) -> dict[str, int]:
-    """Validate a ``symbolic_hint`` option: a mapping of variable names to positive ints."""
-    if hints is None:
-        return {}
-    if not isinstance(hints, Mapping):
-        raise ValueError(f"option symbolic_hint={hints!r} must be a mapping like {{'seq': 128}}")
-    out = {}
-    for name, value in hints.items():
-        if (not isinstance(name, str) or isinstance(value, bool)
-                or not isinstance(value, int) or value < 1):
-            raise ValueError(f"option symbolic_hint: {name!r}={value!r} must be a positive int")
-        out[name] = value
-    return out
+    """A ``symbolic_hint`` value checked as the option is (:mod:`tvm_fusion.options`)."""
+    return check_option("symbolic_hint", hints) or {}
 
 
 @contextlib.contextmanager

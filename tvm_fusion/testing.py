@@ -283,12 +283,8 @@ def compare(
         o64, r64 = out.astype(np.float64), ref.astype(np.float64)
         if o64.size == 0:
             continue
-        nan_mismatch = np.isnan(o64) != np.isnan(r64)
         both = ~np.isnan(o64) & ~np.isnan(r64)
-        inf_same = np.isinf(o64) & (o64 == r64)
-        with np.errstate(invalid="ignore"):  # inf - inf where both are the same infinity
-            err = np.where(both & ~inf_same, np.abs(o64 - r64), 0.0)
-        err = np.where(nan_mismatch, np.inf, err)
+        err = abs_error(o64, r64)
         max_abs = float(err.max())
         rel = err / np.maximum(np.abs(r64), np.finfo(np.float64).tiny)
         max_rel = float(np.where(err > 0, rel, 0.0).max())
@@ -303,6 +299,18 @@ def compare(
             )
         worst = max(worst, max_abs)
     return worst
+
+
+def abs_error(out: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Element-wise ``|out - ref|`` in float64, IEEE-aware: 0 where both are NaN or the same
+    infinity, inf where only one is NaN."""
+    o64, r64 = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    nan_mismatch = np.isnan(o64) != np.isnan(r64)
+    both = ~np.isnan(o64) & ~np.isnan(r64)
+    inf_same = np.isinf(o64) & (o64 == r64)
+    with np.errstate(invalid="ignore"):  # inf - inf where both are the same infinity
+        err = np.where(both & ~inf_same, np.abs(o64 - r64), 0.0)
+    return np.where(nan_mismatch, np.inf, err)
 
 
 def tolerance_for(dtype) -> tuple[float, float]:

@@ -107,6 +107,11 @@ def const_int(expr) -> int | None:
     return None
 
 
+def is_reduction_block(block) -> bool:
+    """Whether an ``SBlock`` has a reduction iterator."""
+    return any(int(iv.iter_type) == 2 for iv in block.iter_vars)
+
+
 def shape_numel(shape) -> int | None:
     """Number of elements of a static shape, None when a dimension is symbolic."""
     total = 1

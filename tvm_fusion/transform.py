@@ -24,7 +24,7 @@ from .relay_passes.fusion_table import FusionTable
 from .relay_passes.mapping_type import AnnotateMappingType
 from .relay_passes.plan_fusion import PlanFusion
 from .relay_passes.rewrite import RewriteByMathProperties
-from .symbolic import check_hints, symbolic_hints
+from .symbolic import symbolic_hints
 from .target import warn_if_bare_llvm
 from .tir_schedules.fused_block import ScheduleFusedBlocks
 
@@ -88,7 +88,7 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
     opts = check_options(options)
     plan_options = make_plan_options(**opts)
     resolved = _resolve_target(target)
-    hints = check_hints(opts["symbolic_hint"])
+    hints = opts["symbolic_hint"] or {}
     if resolved is not None:
         warn_if_bare_llvm(resolved)  # once per process: "llvm" on x86-64 is SSE2
 

@@ -112,14 +112,11 @@ def mismatch(got: list[np.ndarray], ref: list[np.ndarray]) -> tuple[str | None, 
 
 
 def _max_err(g: np.ndarray, r: np.ndarray) -> float:
+    from ..testing import abs_error
+
     if g.shape != r.shape:
         return float("inf")
-    g64, r64 = g.astype(np.float64), r.astype(np.float64)
-    if (np.isnan(g64) != np.isnan(r64)).any():
-        return float("inf")
-    both = ~np.isnan(g64) & ~(np.isinf(g64) & (g64 == r64))
-    with np.errstate(invalid="ignore"):
-        err = np.abs(np.where(both, g64 - r64, 0.0))
+    err = abs_error(g, r)
     return float(err.max()) if err.size else 0.0
 
 

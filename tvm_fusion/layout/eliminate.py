@@ -33,7 +33,7 @@ from tvm.ir.expr import GenericConst
 from ..relay_passes.grouping import group_bindings, is_primitive
 from ..relay_passes.mapping_type import analyze_primfunc, classify, num_primfunc_outputs
 from ..symbolic import takes_sizes
-from ..tir_utils import iter_sblocks
+from ..tir_utils import is_reduction_block, iter_sblocks
 from .classes import Action, LayoutClass, layout_class, pair_decision
 from .index_maps import LoadMap, Unsupported, extract_load_map, is_pure_copy
 from .layout_choice import SitePreference, choose_views, site_preference
@@ -172,7 +172,7 @@ def inline_copies(func: tirx.PrimFunc) -> tirx.PrimFunc:
                 notes.append(f"{name}: kept ({_first_line(err)})")
                 continue
         producers = sch.get_producers(rv)
-        reduction = any(_is_reduction(sch.get(p)) for p in producers)
+        reduction = any(is_reduction_block(sch.get(p)) for p in producers)
         if any(len(sch.get_consumers(p)) > 1 for p in producers):
             # TVM 0.27's reverse_compute_inline does not check this: it retargets the store and
             # leaves the other readers of the producer's buffer dangling (ill-formed TIR).
@@ -194,10 +194,6 @@ def inline_copies(func: tirx.PrimFunc) -> tirx.PrimFunc:
     result = result.with_attr("global_symbol", symbol) if symbol else result.without_attr(
         "global_symbol")
     return result.with_attr(ELIMINATED_ATTR, notes)
-
-
-def _is_reduction(block) -> bool:
-    return any(int(iv.iter_type) == 2 for iv in block.iter_vars)
 
 
 def _first_line(err: BaseException) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import sym, tirx
 
-from ..tir_utils import buffer_loads, buffer_stores, const_int, iter_sblocks
+from ..tir_utils import buffer_loads, buffer_stores, const_int, iter_sblocks, shape_numel
 
 _ITER_SPATIAL = 0
 _ITER_REDUCE = 2
@@ -62,7 +62,8 @@ class LoadMap:
         view instead of its own layout (Table 5's *eliminate 2nd*). A slice or a gather drops
         elements and a broadcast repeats them; written by the producer's loop, every dropped
         element would still be stored somewhere (the last write wins)."""
-        if _numel(self.out_shape) != _numel(self.in_shape):
+        size = shape_numel(self.out_shape)
+        if size is None or size != shape_numel(self.in_shape):
             return False
         result = sym.detect_iter_map(list(self.indices), self.ranges(),
                                      check_level="bijective")
@@ -78,13 +79,6 @@ class LoadMap:
         names = ", ".join(v.name for v in self.vars)
         body = ", ".join(str(ix) for ix in self.indices)
         return f"({names}) -> ({body})"
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 def _dtype(var: tirx.Var) -> str:

@@ -122,21 +122,25 @@ def nested_calls(expr, names: frozenset) -> int:
 
     def depth(node) -> int:
         key = node.__chandle__()  # shared sub-expressions are visited once
-        if key in memo:
-            return memo[key]
-        if isinstance(node, tvm.ir.expr.TensorLoad):
-            return 0
-        children = [getattr(node, a, None) for a in
-                    ("a", "b", "value", "body", "condition", "true_value", "false_value")]
-        children = [c for c in children if c is not None and not isinstance(c, (int, float, str))]
-        own = 0
-        if isinstance(node, tvm.ir.Call):
-            children.extend(node.args)
-            own = int(isinstance(node.op, tvm.ir.Op) and node.op.name in names)
-        memo[key] = own + max((depth(c) for c in children), default=0)
+        if key not in memo:
+            own = int(isinstance(node, tvm.ir.Call) and isinstance(node.op, tvm.ir.Op)
+                      and node.op.name in names)
+            memo[key] = own + max((depth(c) for c in _operands(node)), default=0)
         return memo[key]
 
     return depth(expr)
+
+
+def _operands(node) -> list:
+    """The value sub-expressions of ``node`` (a load's indices are address arithmetic)."""
+    if isinstance(node, tvm.ir.expr.TensorLoad):
+        return []
+    found = [getattr(node, a, None) for a in
+             ("a", "b", "value", "body", "condition", "true_value", "false_value")]
+    found = [c for c in found if c is not None and not isinstance(c, (int, float, str))]
+    if isinstance(node, tvm.ir.Call):
+        found.extend(node.args)
+    return found
 
 
 def expr_cost(expr) -> int:
@@ -145,20 +149,13 @@ def expr_cost(expr) -> int:
     stack = [expr]
     while stack:
         node = stack.pop()
-        if isinstance(node, tvm.ir.expr.TensorLoad):
-            continue  # its indices are address arithmetic
         cost = _BINARY_COST.get(type(node))
         if cost is not None:
             total += cost
         elif isinstance(node, tvm.ir.Call):
             name = node.op.name.rsplit(".", 1)[-1] if isinstance(node.op, tvm.ir.Op) else ""
             total += _CALL_COST.get(name, 2)
-        for attr in ("a", "b", "value", "body", "condition", "true_value", "false_value"):
-            child = getattr(node, attr, None)
-            if child is not None and not isinstance(child, (int, float, str)):
-                stack.append(child)
-        if isinstance(node, tvm.ir.Call):
-            stack.extend(node.args)
+        stack.extend(_operands(node))
     return total
 
 

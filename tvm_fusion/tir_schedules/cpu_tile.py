@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, sym
 
-from ..tir_utils import buffer_loads, const_int, find_all
+from ..tir_utils import buffer_loads, const_int, find_all, is_reduction_block
 from .analysis import (
     BlockFacts,
     block_facts,
@@ -31,8 +31,7 @@ from .analysis import (
     stride_in_last_dim,
 )
 from .cpu_target import CpuParams
-from .fast_math import MAX_NESTED
-from .inline import MAX_INLINED_COST
+from .inline import fits_one_expression
 from .loops import (
     lane_use,
     largest_divisor,
@@ -295,7 +294,7 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
         written = sch.get(wb).writes[0].source.name
         if (cf is None or cf.is_reduction or _read_under_condition(sch, consumers[0], written)
                 or not _reads_each_element_once(cf, written, shapes_of(sch))
-                or nested + cf.nested > MAX_NESTED or cost + cf.cost > MAX_INLINED_COST):
+                or not fits_one_expression(nested + cf.nested, cost + cf.cost)):
             leftover = [consumers[0]]
             break
         nested, cost = nested + cf.nested, cost + cf.cost
@@ -312,7 +311,7 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
         if len(plan.v_fused) > 1 or not _reads_tile_exactly(
                 sch, consumer, sch.get(wb).writes[0].source.name):
             continue  # its region of a tile would be a bounding box: a separate stage
-        if _is_reduction_block(sch, consumer):
+        if is_reduction_block(sch.get(consumer)):
             continue  # per tile it would reduce (and re-initialise) over one tile only
         try:
             _hide_reads(sch, consumer, ready)
@@ -576,10 +575,6 @@ def _reads_tile_exactly(sch: s_tir.Schedule, block_rv, buffer: str) -> bool:
                for ix, dim in zip(load.indices, load.source.shape)):
             return False
     return True
-
-
-def _is_reduction_block(sch: s_tir.Schedule, block_rv) -> bool:
-    return any(int(iv.iter_type) == 2 for iv in sch.get(block_rv).iter_vars)
 
 
 def _read_under_condition(sch: s_tir.Schedule, block_rv, buffer: str) -> bool:

@@ -31,6 +31,12 @@ PADDED_COST = 4
 MAX_INLINED_COST = 256
 
 
+def fits_one_expression(nested: int, cost: int) -> bool:
+    """Within both budgets: at most ``MAX_NESTED`` approximations nested, ``MAX_INLINED_COST``
+    operations."""
+    return nested <= MAX_NESTED and cost <= MAX_INLINED_COST
+
+
 def inline_decision(sch: s_tir.Schedule, block_rv, facts: BlockFacts) -> tuple[bool, str]:
     """Whether to inline a spatial producer into its consumers, and why (or why not).
 

@@ -35,6 +35,7 @@ from tvm import s_tir, tirx
 from ..tir_utils import find_all, iter_sblocks
 from .analysis import BlockFacts, block_facts, root_block
 from .cpu_target import CpuParams
+from .ieee import protect_negations
 from .loops import largest_divisor, loop_extent, pick_vector_tile
 
 TILE_SPACE = (2, 4, 8, 16)
@@ -689,7 +690,7 @@ def try_schedule_conv_chain(gvar, func: tirx.PrimFunc, params: CpuParams, fast: 
         _restore_symbol,
     )
 
-    base = func.with_attr("global_symbol", "main")
+    base = protect_negations(func).with_attr("global_symbol", "main")
     try:
         sch = s_tir.Schedule(base)
         if chain_stages(sch) is None:

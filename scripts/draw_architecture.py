@@ -27,7 +27,7 @@ EDGE = "#424242"
 # (label, module, colour); top to bottom
 MAIN = [
     ("ONNX model  →  from_onnx(model, keep_params_in_input=False)", "TVM frontend", TVM),
-    ("RewriteByMathProperties", "relay_passes/rewrite.py  ·  DNNFusion §4.2", OURS),
+    ("RewriteByMathProperties", "relay_passes/rewrite/math_properties.py  ·  DNNFusion §4.2", OURS),
     ("library dispatch · DecomposeOpsForInference · LegalizeOps ·\n"
      "AnnotateTIROpPattern · FoldConstant · CanonicalizeBindings · DCE",
      "transform.legalize_passes  (TVM's passes)", TVM),

@@ -105,8 +105,8 @@ INLINE: list[tuple[str, str, str | None, str]] = [
     ("docs/profiling.md", r"tvm-fusion db stats \| list \| export \| import \| prune", None,
      "names the subcommands (synopsis block checked below)"),
     ("docs/profiling.md", "tvm-fusion bench", None, "names the subcommand"),
-    ("docs/rewrite.md", "python -m tvm_fusion.relay_passes.rewrite_measure --rules",
-     "python -m tvm_fusion.relay_passes.rewrite_measure --rules", ""),
+    ("docs/rewrite.md", "python -m tvm_fusion.relay_passes.rewrite.measure --rules",
+     "python -m tvm_fusion.relay_passes.rewrite.measure --rules", ""),
 ]
 
 # Lines of unlabelled blocks (usage synopses) checked with concrete arguments: doc, the line's

@@ -11,10 +11,10 @@ from conftest import TARGET
 from tvm import s_tir
 
 from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_onnx, run
-from tvm_fusion.relay_passes import conv_chains as cc
+from tvm_fusion.relay_passes import optifx as cc
 from tvm_fusion.relay_passes.conv_chains_testing import chain_model, miso_model, simo_model
 from tvm_fusion.testing import compare, random_inputs
-from tvm_fusion.tir_schedules.conv_conv import CHAIN_ATTR, choose_band, choose_tile, halo_extent
+from tvm_fusion.tir_schedules.optifx import CHAIN_ATTR, choose_band, choose_tile, halo_extent
 from tvm_fusion.tir_utils import find_all
 
 # the chain in one kernel through Table 3 alone; NCHW convs (the templates' layout)
@@ -177,7 +177,7 @@ def test_pruning_modes():
     with 256 channels is pruned by the literal aggregate rule (I above the ridge)."""
     big = cc.RegionOp(0, "conv", 1, 256, 56, 56, 256, 56, 56, 3, 3, 1, 1)
     big2 = cc.RegionOp(1, "conv", 1, 256, 56, 56, 256, 56, 56, 3, 3, 1, 1)
-    cand = cc.Candidate("SISO", (0, 1), frozenset({0, 1}), (0,))
+    cand = cc.ChainCandidate("SISO", (0, 1), frozenset({0, 1}), (0,))
     rops = {0: big, 1: big2}
     gpu = cc.PLATFORMS["a6000_ada"]
     assert not cc.score(cand, rops, gpu, "paper_1.05").keep
@@ -189,9 +189,9 @@ def test_pruning_modes():
 
 
 def test_backtracking_search_picks_best_non_overlapping():
-    a = cc.Candidate("SISO", (0, 1), frozenset({0, 1}), (0,))
-    b = cc.Candidate("SISO", (1, 2), frozenset({1, 2}), (1,))
-    c = cc.Candidate("SISO", (2, 3), frozenset({2, 3}), (2,))
+    a = cc.ChainCandidate("SISO", (0, 1), frozenset({0, 1}), (0,))
+    b = cc.ChainCandidate("SISO", (1, 2), frozenset({1, 2}), (1,))
+    c = cc.ChainCandidate("SISO", (2, 3), frozenset({2, 3}), (2,))
     gains = [-1.0, -1.5, -1.0]
     best = cc.backtracking_search([a, b, c], lambda st: 10 + sum(gains[i] for i in st))
     assert best == frozenset({0, 2})  # 2.0 saved beats b alone (1.5)
@@ -364,7 +364,7 @@ def test_gpu_template_numerics_on_opencl(case):
 def test_gpu_template_is_verified_and_tile_sized():
     """dw 3×3 → pw on 16×14×14: the shared buffer is the staged tile (all 16 channels × tile),
     and ``verify_gpu_code`` accepts the kernel under the target's limits."""
-    from tvm_fusion.tir_schedules.conv_conv import GpuLimits, gpu_kernel_ok, shared_bytes
+    from tvm_fusion.tir_schedules.optifx import GpuLimits, gpu_kernel_ok, shared_bytes
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
     _, mod = _gpu_fused("dw-pw", target)

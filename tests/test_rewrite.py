@@ -1,4 +1,4 @@
-"""DNNFusion's mathematical-property rewriting (``relay_passes/rewrite.py``).
+"""DNNFusion's mathematical-property rewriting (``relay_passes/rewrite/math_properties.py``).
 
 * every rule fires on a small graph and the rewritten graph computes what the original did
   (both compiled with ``tvm.compile(mod, "llvm")`` and run on the Relax VM, all cases in one
@@ -22,13 +22,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
-from tvm_fusion.relay_passes.rewrite import (
+from tvm_fusion.relay_passes.rewrite.math_properties import (
     RULES,
     RewriteByMathProperties,
     module_flops,
     rules_by_property,
 )
-from tvm_fusion.relay_passes.rewrite_ir import BlockGraph, evaluate
+from tvm_fusion.relay_passes.rewrite.ir import BlockGraph, evaluate
 
 op = relax.op
 F32 = "float32"

@@ -42,7 +42,7 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """
     from tvm.s_tir import dlight as dl
 
-    from .tir_schedules.conv_conv import try_schedule_conv_chain_gpu
+    from .tir_schedules.optifx import try_schedule_conv_chain_gpu
     from .tir_schedules.fused_block import probe_build
 
     rule_sets = [

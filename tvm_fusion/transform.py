@@ -23,7 +23,7 @@ from .relay_passes.fusion_plan import AnalyticOracle, PlanOptions
 from .relay_passes.fusion_table import FusionTable
 from .relay_passes.mapping_type import AnnotateMappingType
 from .relay_passes.plan_fusion import PlanFusion
-from .relay_passes.rewrite import RewriteByMathProperties
+from .relay_passes.rewrite.math_properties import RewriteByMathProperties
 from .symbolic import symbolic_hints
 from .target import warn_if_bare_llvm
 from .tir_schedules.fused_block import ScheduleFusedBlocks
@@ -139,8 +139,8 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
 
 def _apollo_pass(opts: dict, target: tvm.target.Target) -> tvm.transform.Pass:
     """Apollo's PlanFusion + FuseTIR + ScheduleFusedBlocks with the feedback loop."""
-    from .relay_passes.apollo import ApolloOptions
-    from .relay_passes.apollo_feedback import ApolloFuse, Blocklist
+    from .relay_passes.apollo.partition import ApolloOptions
+    from .relay_passes.apollo.feedback import ApolloFuse, Blocklist
     from .tuning.database import default_path
 
     blocklist = Blocklist(opts["profile_db"] or default_path(), str(target.kind.name),

@@ -203,7 +203,7 @@ plt.show()
 # %%
 from tvm import relax
 
-from tvm_fusion.relay_passes.rewrite import RewriteByMathProperties
+from tvm_fusion.relay_passes.rewrite.math_properties import RewriteByMathProperties
 
 bb = relax.BlockBuilder()
 a, b, c = (relax.Var(name, relax.TensorType((64, 64), "float32")) for name in "abc")

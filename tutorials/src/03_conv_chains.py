@@ -23,7 +23,7 @@ import numpy as np
 import tvm
 
 from tvm_fusion.compile import compile_model, count_kernels, fuse, import_onnx, run
-from tvm_fusion.relay_passes import conv_chains as cc
+from tvm_fusion.relay_passes import optifx as cc
 from tvm_fusion.relay_passes.conv_chains_testing import chain_model, simo_model
 from tvm_fusion.relay_passes.ecg import build_ecg
 from tvm_fusion.relay_passes.mapping_type import AnnotateMappingType
@@ -98,7 +98,7 @@ for row in decisions_table(simo, "cost_model"):
 #
 # `conv_chains="cost_model"` turns each chosen chain into one fusion block (overriding
 # Table 3's red M2M→M2M cell for exactly that block); a template of
-# `tir_schedules/conv_conv.py` then schedules it. This pair ends in a 1×1 conv, which needs no
+# `tir_schedules/optifx.py` then schedules it. This pair ends in a 1×1 conv, which needs no
 # halo, so the CPU template runs bands of whole rows: the depthwise conv fills a band buffer,
 # and the 1×1 conv runs over the band with the same inner loop as when it runs alone. Chains
 # whose second conv has a window (3×3 → 3×3, conv → pool) get overlapped tiles with a halo.
@@ -166,7 +166,7 @@ plt.show()
 # %%
 from tvm_fusion.layout import opencl_runner
 from tvm_fusion.pipeline import apply_gpu_schedules
-from tvm_fusion.tir_schedules.conv_conv import CHAIN_ATTR, shared_bytes
+from tvm_fusion.tir_schedules.optifx import CHAIN_ATTR, shared_bytes
 from tvm_fusion.transform import Sequential
 
 gpu = tvm.target.Target({"kind": "opencl"}, host="llvm")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from .conv_chains import blocks_holding, choose_chains, merge_chains_into_plan
+from .optifx import blocks_holding, choose_chains, merge_chains_into_plan
 from .ecg import FuncCache, build_ecg
 from .fusion_plan import FusionPlan, PlanOptions, plan_dnnfusion
 from .grouping import group_bindings, is_primitive
@@ -147,8 +147,8 @@ class PlanFusion:
         bind = getattr(self.options.oracle, "bind", None)
         if bind is not None:  # a profiling oracle builds candidates from this module's PrimFuncs
             bind(mod)
-        if self.strategy == "apollo":  # Apollo's partitioner (relay_passes/apollo.py)
-            from .apollo_feedback import plan_module_apollo
+        if self.strategy == "apollo":  # Apollo's partitioner (relay_passes/apollo/partition.py)
+            from .apollo.feedback import plan_module_apollo
 
             module_plan = plan_module_apollo(mod, self.apollo, self.broadcast_policy,
                                              self.blocklist)

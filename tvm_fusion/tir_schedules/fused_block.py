@@ -91,7 +91,7 @@ def alloc_buffers_of(func: tirx.PrimFunc) -> dict:
 
 def _schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
                             fast: bool) -> tirx.PrimFunc:
-    from .conv_conv import try_schedule_conv_chain  # OptiFX overlapped tiles (conv→conv)
+    from .optifx import try_schedule_conv_chain  # OptiFX overlapped tiles (conv→conv)
 
     chained = try_schedule_conv_chain(gvar, func, params, fast)
     if chained is not None:

@@ -80,7 +80,7 @@ def _dlight(mod: tvm.IRModule, target) -> tvm.IRModule:
         return apply_gpu_schedules(mod)
 
 
-STRATEGIES = {
+SCHEDULE_STRATEGIES = {
     "unscheduled": ScheduleStrategy("unscheduled", _unscheduled),
     "fused_block": ScheduleStrategy("fused_block", _fused_block(fast_math=True)),
     "fused_block-exact": ScheduleStrategy("fused_block-exact", _fused_block(fast_math=False)),
@@ -92,11 +92,11 @@ def default_strategy(target: tvm.target.Target) -> ScheduleStrategy:
     """What tvm_fusion's pipeline does for ``target`` by default: DLight on GPUs,
     ``ScheduleFusedBlocks`` (with fast math) on ``llvm``, nothing elsewhere."""
     if "gpu" in target.keys:
-        return STRATEGIES["dlight"]
+        return SCHEDULE_STRATEGIES["dlight"]
     if target.kind.name == "llvm" and importlib.util.find_spec(
             "tvm_fusion.tir_schedules.fused_block") is not None:
-        return STRATEGIES["fused_block"]
-    return STRATEGIES["unscheduled"]
+        return SCHEDULE_STRATEGIES["fused_block"]
+    return SCHEDULE_STRATEGIES["unscheduled"]
 
 
 def resolve_strategy(strategy, target: tvm.target.Target) -> ScheduleStrategy:
@@ -104,10 +104,10 @@ def resolve_strategy(strategy, target: tvm.target.Target) -> ScheduleStrategy:
         return default_strategy(target)
     if isinstance(strategy, ScheduleStrategy):
         return strategy
-    if strategy not in STRATEGIES:
+    if strategy not in SCHEDULE_STRATEGIES:
         raise ValueError(f"unknown schedule strategy {strategy!r}; expected one of "
-                         f"{', '.join(STRATEGIES)} or a ScheduleStrategy")
-    return STRATEGIES[strategy]
+                         f"{', '.join(SCHEDULE_STRATEGIES)} or a ScheduleStrategy")
+    return SCHEDULE_STRATEGIES[strategy]
 
 
 # ---------------------------------------------------------------------------------- runners

@@ -205,14 +205,14 @@ def _hash(mod: tvm.IRModule) -> str:
 
 def _hand_schedule(fused: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """The untuned tvm_fusion schedule of every fused kernel (what the default build does)."""
-    from ..tuning.measure import default_strategy
+    from .measure import default_strategy
 
     strategy = default_strategy(target)
     return strategy.apply(fused, target)
 
 
 def _strategy_id(target: tvm.target.Target) -> str:
-    from ..tuning.measure import default_strategy
+    from .measure import default_strategy
 
     return default_strategy(target).id
 

@@ -119,7 +119,7 @@ class RegionOp:
 
 
 @dataclass(frozen=True)
-class Candidate:
+class ChainCandidate:
     """A sub-graph of 2–3 ROPs and the element-wise operators between/after them."""
 
     shape: str  # SISO | SIMO | MISO
@@ -148,7 +148,7 @@ class Score:
 
 @dataclass
 class ChainDecision:
-    candidate: Candidate
+    candidate: ChainCandidate
     score: Score
     chosen: bool
     reason: str
@@ -257,9 +257,9 @@ def _epilogue(ecg: ECG, rop: int, rops: dict) -> tuple[list[int], int]:
     return path, (path[-1] if path else rop)
 
 
-def find_candidates(ecg: ECG, rops: dict[int, RegionOp]) -> list[Candidate]:
+def find_candidates(ecg: ECG, rops: dict[int, RegionOp]) -> list[ChainCandidate]:
     """All SISO/SIMO/MISO sub-graphs of 2..T_GRAPH ROPs (overlapping enumeration)."""
-    found: list[Candidate] = []
+    found: list[ChainCandidate] = []
     nexts: dict[int, tuple[list[int], int | None]] = {}
     for r in rops:
         path, nxt = _elementwise_path(ecg, r, rops)
@@ -270,11 +270,11 @@ def find_candidates(ecg: ECG, rops: dict[int, RegionOp]) -> list[Candidate]:
         if nxt is None or nxt not in rops:
             continue
         mem = {r1, *path1, nxt}
-        found.append(Candidate("SISO", (r1, nxt), frozenset(mem), (path1[-1] if path1 else r1,)))
+        found.append(ChainCandidate("SISO", (r1, nxt), frozenset(mem), (path1[-1] if path1 else r1,)))
         path2, nxt2 = nexts[nxt]
         if nxt2 is not None and nxt2 in rops and T_GRAPH >= 3:
             mem3 = mem | {*path2, nxt2}
-            found.append(Candidate("SISO", (r1, nxt, nxt2), frozenset(mem3),
+            found.append(ChainCandidate("SISO", (r1, nxt, nxt2), frozenset(mem3),
                                    (path1[-1] if path1 else r1, path2[-1] if path2 else nxt)))
     # SIMO: the end of a CBR feeds exactly two ROPs and nothing else
     for r1 in rops:
@@ -293,7 +293,7 @@ def find_candidates(ecg: ECG, rops: dict[int, RegionOp]) -> list[Candidate]:
         join = _common_join(ecg, enda, endb)
         if join is not None:
             mem.add(join)
-        found.append(Candidate("SIMO", (r1, a, b), frozenset(mem), (end,)))
+        found.append(ChainCandidate("SIMO", (r1, a, b), frozenset(mem), (end,)))
     # MISO: two CBRs whose ends meet in one element-wise join
     ends = {}
     for r in rops:
@@ -308,7 +308,7 @@ def find_candidates(ecg: ECG, rops: dict[int, RegionOp]) -> list[Candidate]:
             join = _common_join(ecg, e1, e2)
             if join is None:
                 continue
-            found.append(Candidate("MISO", (r1, r2), frozenset({r1, r2, *p1, *p2, join}), ()))
+            found.append(ChainCandidate("MISO", (r1, r2), frozenset({r1, r2, *p1, *p2, join}), ()))
     return found
 
 
@@ -340,9 +340,9 @@ def attainable(intensity: float, p: Platform) -> float:
     return min(p.m_max * intensity, p.p_max)
 
 
-def score(cand: Candidate, rops: dict[int, RegionOp], p: Platform, mode: str,
+def score(cand: ChainCandidate, rops: dict[int, RegionOp], p: Platform, mode: str,
           cores: int = 2, lanes: int = 16) -> Score:
-    from ..tir_schedules.conv_conv import choose_band, choose_tile
+    from ..tir_schedules.optifx import choose_band, choose_tile
 
     ops = [rops[i] for i in cand.rops]
     flops = sum(o.flops for o in ops)
@@ -411,7 +411,7 @@ def _node_bytes(cand, rops, i) -> int:
     return first.out_bytes
 
 
-def _intermediate_bytes(cand: Candidate, rops) -> int:
+def _intermediate_bytes(cand: ChainCandidate, rops) -> int:
     if cand.shape == "MISO":
         return 0
     ops = [rops[i] for i in cand.rops]
@@ -423,7 +423,7 @@ def _intermediate_bytes(cand: Candidate, rops) -> int:
 # ------------------------------------------------------------------------------ search
 
 
-def backtracking_search(candidates: list[Candidate], cost: Callable[[frozenset], float],
+def backtracking_search(candidates: list[ChainCandidate], cost: Callable[[frozenset], float],
                         theta_ex: float = THETA_EX, max_states: int = 20000) -> frozenset:
     """Algorithm 2 with the notes' fixes: best-first over sets of applied candidates (indices),
     improved states are pushed too, states are memoised, overlapping candidates skipped."""
@@ -453,7 +453,7 @@ def backtracking_search(candidates: list[Candidate], cost: Callable[[frozenset],
 
 def choose_chains(ecg: ECG, mode: str = "cost_model", platform: Platform | str = "cpu",
                   mod: tvm.IRModule | None = None,
-                  latency: Callable[[Candidate], tuple[float, float, str] | None] | None = None,
+                  latency: Callable[[ChainCandidate], tuple[float, float, str] | None] | None = None,
                   prune: bool = True) -> list[ChainDecision]:
     """Candidates of one ECG, scored, pruned (Algorithm 1) and searched (Algorithm 2).
 
@@ -500,7 +500,7 @@ def choose_chains(ecg: ECG, mode: str = "cost_model", platform: Platform | str =
     return out
 
 
-def is_pointwise_tail(cand: Candidate, rops: dict[int, RegionOp]) -> bool:
+def is_pointwise_tail(cand: ChainCandidate, rops: dict[int, RegionOp]) -> bool:
     """A SISO pair ending in a 1×1 stride-1 conv: no halo, the CPU row-band template."""
     last = rops[cand.rops[-1]]
     return cand.shape == "SISO" and len(cand.rops) == 2 and last.kind != "pool" and (
@@ -511,7 +511,7 @@ def is_pointwise_tail(cand: Candidate, rops: dict[int, RegionOp]) -> bool:
 CPU_BAND_POSITIONS = 16
 
 
-def _cpu_template_check(cand: Candidate, rops: dict[int, RegionOp], plat: Platform,
+def _cpu_template_check(cand: ChainCandidate, rops: dict[int, RegionOp], plat: Platform,
                         sc: Score) -> Score:
     """On a CPU only pointwise tails are kept: their row-band template runs at 0.97–1.34× of
     the separate kernels, while the overlapped-tile template with a halo was measured far
@@ -533,7 +533,7 @@ def _cpu_template_check(cand: Candidate, rops: dict[int, RegionOp], plat: Platfo
     return sc
 
 
-def _greedy_or_search(cands: list[Candidate], gains: list[float], cost) -> frozenset:
+def _greedy_or_search(cands: list[ChainCandidate], gains: list[float], cost) -> frozenset:
     """Backtracking search when the candidate set is small enough; on a whole network the
     candidates only interact through overlaps, so the search runs per connected group."""
     groups: list[list[int]] = []
@@ -568,7 +568,7 @@ def _greedy_or_search(cands: list[Candidate], gains: list[float], cost) -> froze
 # ------------------------------------------------------------------------- plan merging
 
 
-def blocks_holding(plan, cand: Candidate) -> list[int]:
+def blocks_holding(plan, cand: ChainCandidate) -> list[int]:
     """Indices of the plan's blocks that hold a member of ``cand``: what merging it merges."""
     return sorted({b for b, blk in enumerate(plan.blocks) for m in blk.members
                    if m in cand.members})
@@ -600,7 +600,7 @@ def merge_chains_into_plan(plan, decisions: list[ChainDecision]):
     return plan
 
 
-__all__ = ["MODES", "PLATFORMS", "Platform", "RegionOp", "Candidate", "Score", "ChainDecision",
+__all__ = ["MODES", "PLATFORMS", "Platform", "RegionOp", "ChainCandidate", "Score", "ChainDecision",
            "region_op", "find_candidates", "score", "t_red", "backtracking_search",
            "choose_chains", "blocks_holding", "merge_chains_into_plan", "attainable",
            "roofline_time"]

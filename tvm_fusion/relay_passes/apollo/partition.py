@@ -40,7 +40,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .apollo_classify import (  # noqa: F401 (re-exported)
+from .classify import (  # noqa: F401 (re-exported)
     BC,
     COMPUTE_BOUND,
     CONV,
@@ -53,9 +53,9 @@ from .apollo_classify import (  # noqa: F401 (re-exported)
     TRANSPOSE,
     apollo_type,
 )
-from .apollo_stitch import CPU_BYTES_PER_S, CPU_FLOPS_PER_S, parallel_gain  # noqa: F401
-from .ecg import ECG
-from .fusion_plan import FusionBlock, FusionPlan, Rejection
+from .stitch import CPU_BYTES_PER_S, CPU_FLOPS_PER_S, parallel_gain  # noqa: F401
+from ..ecg import ECG
+from ..fusion_plan import FusionBlock, FusionPlan, Rejection
 
 PROFILES = ("practical", "paper")
 

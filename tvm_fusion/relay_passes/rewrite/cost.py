@@ -29,8 +29,8 @@ import math
 import tvm
 from tvm import relax
 
-from ..symbolic import concrete_shape
-from .rewrite_ir import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, REDUCTIONS, Node
+from ...symbolic import concrete_shape
+from .ir import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, REDUCTIONS, Node
 
 Cost = tuple[int, int, int]
 ZERO: Cost = (0, 0, 0)

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
-from .apollo import ApolloOptions, ApolloPlan, apollo_type, plan_apollo
-from .grouping import is_primitive
-from .plan_fusion import ModulePlan, apply_plan, block_ecgs
+from .partition import ApolloOptions, ApolloPlan, apollo_type, plan_apollo
+from ..grouping import is_primitive
+from ..plan_fusion import ModulePlan, apply_plan, block_ecgs
 
 BLOCKLIST_MODES = ("db", "memory")
 
@@ -68,7 +68,7 @@ class Blocklist:
             import os
 
             if os.path.exists(db_path):
-                from ..tuning.database import ProfilingDatabase
+                from ...tuning.database import ProfilingDatabase
 
                 with ProfilingDatabase(db_path, create=False) as db:
                     self.entries.update(
@@ -80,7 +80,7 @@ class Blocklist:
     def add(self, signature: str, reason: str) -> None:
         self.entries[signature] = reason
         if self.persist:
-            from ..tuning.database import ProfilingDatabase
+            from ...tuning.database import ProfilingDatabase
 
             with ProfilingDatabase(self.db_path) as db:
                 db.blocklist_add(self.target, signature, reason)
@@ -176,8 +176,8 @@ class ApolloFuse:
         return fused
 
     def _schedule(self, mod, target, cpu: bool, final: bool):
-        from ..tir_schedules.cpu_target import cpu_params
-        from ..tir_schedules.fused_block import (
+        from ...tir_schedules.cpu_target import cpu_params
+        from ...tir_schedules.fused_block import (
             _DONE_ATTR,
             FALLBACK_ATTR,
             _schedule_with_fallback,

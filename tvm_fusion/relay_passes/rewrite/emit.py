@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from tvm import relax
 
-from .rewrite_ir import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, REDUCTIONS, BlockGraph, Leaf, Node
+from .ir import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, REDUCTIONS, BlockGraph, Leaf, Node
 
 
 def relax_call(node: Node, args: list) -> relax.Expr:

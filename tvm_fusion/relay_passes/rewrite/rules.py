@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rewrite_chains import (
+from .chains import (
     ONE,
     Product,
     combine_powers,
@@ -35,7 +35,7 @@ from .rewrite_chains import (
     product_view,
     scalar_const_value,
 )
-from .rewrite_ir import (
+from .ir import (
     Builder,
     Leaf,
     Node,
@@ -98,7 +98,7 @@ class Rule:
 
 
 @dataclass
-class Candidate:
+class RuleMatch:
     """Replace each root node by its value; ``fired`` names the rules involved."""
 
     roots: dict
@@ -183,13 +183,13 @@ _declare_step(
     preconditions=("changes overflow: exp(A)·exp(B) may be inf·0",))
 
 
-def _product_candidates(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _product_candidates(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     if not is_float(root.dtype):
         return
     prod = combine_powers(flatten_product_deep(root))
     new = emit_product(ctx.b, prod, root.shape)
     if prod.steps and ctx.allows(prod.steps):
-        yield Candidate({root: new}, tuple(sorted(prod.steps)))
+        yield RuleMatch({root: new}, tuple(sorted(prod.steps)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,21 +216,21 @@ _declare_step(
     flops="mn → mn (enabler only: realised by matching chains as multisets)")
 
 
-def _sum_candidates(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _sum_candidates(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     if not is_float(root.dtype):
         return
     s = flatten_sum(root)
     b = ctx.b
     if ctx.on("add_fold_constants") and s.consts and (len(s.consts) > 1 or s.consts[0][0] < 0):
         const = fold_sum_constants(b, s.consts, root.dtype, root.shape)
-        yield Candidate({root: emit_sum(b, s.terms, const)}, ("add_fold_constants",))
+        yield RuleMatch({root: emit_sum(b, s.terms, const)}, ("add_fold_constants",))
     if ctx.on("add_factor_common"):
         yield from _factor_common(ctx, root, s)
     if ctx.on("add_merge_log"):
         yield from _merge_logs(ctx, root, s)
 
 
-def _factor_common(ctx: Ctx, root: Node, s) -> Iterable[Candidate]:
+def _factor_common(ctx: Ctx, root: Node, s) -> Iterable[RuleMatch]:
     views = [(sign, term, product_view(term)) for sign, term in s.terms]
     seen: dict = {}
     for _, _, view in views:
@@ -246,7 +246,7 @@ def _factor_common(ctx: Ctx, root: Node, s) -> Iterable[Candidate]:
             continue
 
 
-def _factor_out(ctx: Ctx, root: Node, s, views, k, base: Value) -> Candidate:
+def _factor_out(ctx: Ctx, root: Node, s, views, k, base: Value) -> RuleMatch:
     b = ctx.b
     inner_terms: list = []
     inner_consts: list = []
@@ -283,10 +283,10 @@ def _factor_out(ctx: Ctx, root: Node, s, views, k, base: Value) -> Candidate:
     outer_const = fold_sum_constants(b, s.consts, root.dtype, root.shape)
     if not ctx.allows(steps):
         raise Refuse("a needed step is disabled")
-    return Candidate({root: emit_sum(b, [(1, outer)] + rest, outer_const)}, tuple(sorted(steps)))
+    return RuleMatch({root: emit_sum(b, [(1, outer)] + rest, outer_const)}, tuple(sorted(steps)))
 
 
-def _merge_logs(ctx: Ctx, root: Node, s) -> Iterable[Candidate]:
+def _merge_logs(ctx: Ctx, root: Node, s) -> Iterable[RuleMatch]:
     b = ctx.b
     logs = [(sign, t) for sign, t in s.terms
             if isinstance(t, Node) and t.op == "log" and t.single_use() and nonneg(t.args[0])]
@@ -303,7 +303,7 @@ def _merge_logs(ctx: Ctx, root: Node, s) -> Iterable[Candidate]:
     rest = [(sg, t) for sg, t in s.terms if not any(t is lt for _, lt in logs)]
     const = fold_sum_constants(b, s.consts, root.dtype, root.shape)
     new = emit_sum(b, [(sign, b.op("log", arg))] + rest, const)
-    yield Candidate({root: new}, ("add_merge_log",))
+    yield RuleMatch({root: new}, ("add_merge_log",))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,7 +336,7 @@ def _full_extent(v: Value, x: Value, axes) -> bool:
     rhs="c ⊙ ReduceSum(A), c ⊙ ReduceMax(A) (ReduceMin when c <= 0)", flops="2mn → mn + m",
     preconditions=("c broadcasts with size 1 on every reduced axis",
                    "max/min: c a constant of one sign, or provably >= 0"))
-def _reduce_pull_factor(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _reduce_pull_factor(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     x = root.args[0]
     if not (isinstance(x, Node) and x.single_use() and x.op in _PRODUCT_ROOTS
             and is_float(x.dtype)):
@@ -365,7 +365,7 @@ def _reduce_pull_factor(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     u = _reduced_layout(b, emit_product(b, uni, x.shape), rank, axes, root.attrs["keepdims"])
     steps = {"reduce_pull_uniform_factor"} | rest.steps | uni.steps
     if ctx.allows(steps):
-        yield Candidate({root: b.op("multiply", red, u)}, tuple(sorted(steps)))
+        yield RuleMatch({root: b.op("multiply", red, u)}, tuple(sorted(steps)))
 
 
 def _extremum_after_scaling(uni: Product, op: str) -> str:
@@ -390,7 +390,7 @@ def _extremum_after_scaling(uni: Product, op: str) -> str:
     rhs="ReduceSum(A) + k·c, ReduceMean(A) + c, ReduceMax(A) + c", flops="2mn → mn + m",
     preconditions=("c broadcasts with size 1 on every reduced axis",
                    "max/min: the remaining terms are added, not subtracted"))
-def _reduce_pull_term(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _reduce_pull_term(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     x = root.args[0]
     if not (isinstance(x, Node) and x.single_use() and x.op in _SUM_ROOTS and is_float(x.dtype)):
         return
@@ -417,30 +417,30 @@ def _reduce_pull_term(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     if root.op == "sum":
         count = int(np.prod([x.shape[a] for a in axes]))
         u = b.op("multiply", u, b.const(count, x.dtype))
-    yield Candidate({root: b.op("add", red, u)}, ("reduce_pull_uniform_term",))
+    yield RuleMatch({root: b.op("add", red, u)}, ("reduce_pull_uniform_term",))
 
 
 @_declare(
     name="reduce_negate", prop="commutative", roots=_REDUCE_ROOTS, exact=True, rtol=0.0,
     lhs="ReduceSum(−A), ReduceMax(−A)", rhs="−ReduceSum(A), −ReduceMin(A)",
     flops="2mn → mn + m")
-def _reduce_negate(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _reduce_negate(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     x = root.args[0]
     if isinstance(x, Node) and x.single_use() and x.op == "negative" and is_float(x.dtype):
         b = ctx.b
         red = b.op(_SWAP[root.op], x.args[0], **root.attrs)
-        yield Candidate({root: b.op("negative", red)}, ("reduce_negate",))
+        yield RuleMatch({root: b.op("negative", red)}, ("reduce_negate",))
 
 
 @_declare(
     name="reduce_prod_exp", prop="commutative", roots=("prod",), table4=(10,),
     lhs="ReduceProd(Exp(A))", rhs="Exp(ReduceSum(A))", flops="2mn → mn + m",
     preconditions=("floating point; over/underflow behaviour changes (exact in reals)",))
-def _reduce_prod_exp(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _reduce_prod_exp(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     x = root.args[0]
     if isinstance(x, Node) and x.single_use() and x.op == "exp" and is_float(x.dtype):
         b = ctx.b
-        yield Candidate({root: b.op("exp", b.op("sum", x.args[0], **root.attrs))},
+        yield RuleMatch({root: b.op("exp", b.op("sum", x.args[0], **root.attrs))},
                         ("reduce_prod_exp",))
 
 
@@ -449,13 +449,13 @@ def _reduce_prod_exp(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     lhs="ReduceMax(Exp(A)), ReduceMax(Log(A)), ReduceMax(√A)",
     rhs="Exp(ReduceMax(A)), Log(ReduceMax(A)), √ReduceMax(A)", flops="2mn → mn + m",
     preconditions=("f increasing; Log/√ need A provably >= 0 (NaN orders differently)",))
-def _reduce_monotone(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _reduce_monotone(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     x = root.args[0]
     if not (isinstance(x, Node) and x.single_use() and is_float(x.dtype)):
         return
     if x.op == "exp" or (x.op in ("log", "sqrt") and nonneg(x.args[0])):
         b = ctx.b
-        yield Candidate({root: b.op(x.op, b.op(root.op, x.args[0], **root.attrs))},
+        yield RuleMatch({root: b.op(x.op, b.op(root.op, x.args[0], **root.attrs))},
                         ("reduce_monotone_unary",))
 
 
@@ -465,7 +465,7 @@ def _reduce_monotone(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     flops="2mn → mn + m",
     preconditions=("integer dtype", "left shift only: Σ⌊a/2^k⌋ ≠ ⌊Σa/2^k⌋ for right shifts",
                    "k a constant in [0, bits) and uniform along the reduced axes"))
-def _reduce_sum_shift(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _reduce_sum_shift(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     x = root.args[0]
     if not (isinstance(x, Node) and x.single_use() and x.op == "left_shift"
             and is_int(x.dtype)):
@@ -481,14 +481,14 @@ def _reduce_sum_shift(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     b = ctx.b
     red = b.op("sum", a, **root.attrs)
     shift = _reduced_layout(b, k, rank, axes, root.attrs["keepdims"])
-    yield Candidate({root: b.op("left_shift", red, shift)}, ("reduce_sum_left_shift",))
+    yield RuleMatch({root: b.op("left_shift", red, shift)}, ("reduce_sum_left_shift",))
 
 
 @_declare(
     name="reduce_merge_nested", prop="associative", roots=("sum", "mean", "max", "min", "prod"),
     lhs="ReduceSum(ReduceSum(A, ax1), ax2)", rhs="ReduceSum(A, ax1 ∪ ax2)",
     flops="mn + m → mn", preconditions=("both reductions of the same kind",))
-def _reduce_merge(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _reduce_merge(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     x = root.args[0]
     if not (isinstance(x, Node) and x.single_use() and x.op == root.op):
         return
@@ -504,7 +504,7 @@ def _reduce_merge(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     red = b.op(root.op, y, axis=axes, keepdims=True)
     if red.shape != root.shape:
         red = b.op("reshape", red, shape=root.shape)
-    yield Candidate({root: red}, ("reduce_merge_nested",))
+    yield RuleMatch({root: red}, ("reduce_merge_nested",))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,7 +518,7 @@ def _reduce_merge(ctx: Ctx, root: Node) -> Iterable[Candidate]:
                    "can absorb", "c finite and non-zero (and 1/c finite for a divide)",
                    "every node on the path is used only by the path",
                    "the path ends in constants on every branch"))
-def _scale_into_weights(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _scale_into_weights(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     if not is_float(root.dtype):
         return
     pairs = [(root.args[0], root.args[1], False)]
@@ -544,7 +544,7 @@ def _scale_into_weights(ctx: Ctx, root: Node) -> Iterable[Candidate]:
             new = _absorb(ctx.b, v, np.asarray(scale, dtype=root.dtype), extra)
         except Refuse:
             continue
-        yield Candidate({root: new, **extra}, ("scale_into_weights",))
+        yield RuleMatch({root: new, **extra}, ("scale_into_weights",))
 
 
 def _absorb(b: Builder, v: Value, s: np.ndarray, extra: dict) -> Value:
@@ -658,7 +658,7 @@ def _absorb_split_piece(b: Builder, v: Node, s: np.ndarray, extra: dict) -> Valu
     lhs="(c ⊙ A)·B,  (A·B) ⊙ c", rhs="A·(c ⊙ B) with c folded into a weight B, or c on the "
     "smallest of A, B, A·B", flops="mk + 2mnk → 2mnk (B a weight)",
     preconditions=("c a scalar constant", "the scaled operand chain is used only here"))
-def _scale_across_matmul(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _scale_across_matmul(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     if not is_float(root.dtype):
         return
     b = ctx.b
@@ -682,7 +682,7 @@ def _scale_across_matmul(ctx: Ctx, root: Node) -> Iterable[Candidate]:
                 else:
                     ops = [rest, other] if side == 0 else [other, rest]
                     new = b.op("multiply", b.op("matmul", *ops), b.const(c, root.dtype))
-                yield Candidate({root: new}, ("scale_across_matmul",))
+                yield RuleMatch({root: new}, ("scale_across_matmul",))
         return
     m, c = root.args
     if root.op == "multiply" and is_const(m):
@@ -698,7 +698,7 @@ def _scale_across_matmul(ctx: Ctx, root: Node) -> Iterable[Candidate]:
             continue  # scale_into_weights folds it
         scaled = b.op("multiply", operand, b.const(cv, root.dtype))
         ops = [scaled, m.args[1]] if side == 0 else [m.args[0], scaled]
-        yield Candidate({root: b.op("matmul", *ops)}, ("scale_across_matmul",))
+        yield RuleMatch({root: b.op("matmul", *ops)}, ("scale_across_matmul",))
 
 
 def _extract_scalar(ctx: Ctx, operand: Value):
@@ -735,7 +735,7 @@ def _extract_scalar(ctx: Ctx, operand: Value):
     name="matmul_distribute", prop="distributive", roots=_SUM_ROOTS,
     lhs="A·B + A·C,  A·C + B·C", rhs="A·(B + C),  (A + B)·C", flops="4mnk + mn → 2mnk + nk",
     preconditions=("the shared operand is the same value", "the other operands have one shape"))
-def _matmul_distribute(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _matmul_distribute(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     m1, m2 = root.args
     if not all(isinstance(m, Node) and m.op == "matmul" and m.single_use() for m in (m1, m2)):
         return
@@ -744,10 +744,10 @@ def _matmul_distribute(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     b = ctx.b
     if key(m1.args[0]) == key(m2.args[0]) and m1.args[1].shape == m2.args[1].shape:
         inner = b.op(root.op, m1.args[1], m2.args[1])
-        yield Candidate({root: b.op("matmul", m1.args[0], inner)}, ("matmul_distribute",))
+        yield RuleMatch({root: b.op("matmul", m1.args[0], inner)}, ("matmul_distribute",))
     if key(m1.args[1]) == key(m2.args[1]) and m1.args[0].shape == m2.args[0].shape:
         inner = b.op(root.op, m1.args[0], m2.args[0])
-        yield Candidate({root: b.op("matmul", inner, m1.args[1])}, ("matmul_distribute",))
+        yield RuleMatch({root: b.op("matmul", inner, m1.args[1])}, ("matmul_distribute",))
 
 
 @_declare(
@@ -757,7 +757,7 @@ def _matmul_distribute(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     flops="same FLOPs; A loaded once instead of three times (one matmul kernel)",
     preconditions=("W_i constant 2-D weights with the same rows and dtype",
                    "the same value A on the left of every matmul"))
-def _matmul_concat(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _matmul_concat(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     a, w = root.args
     if not _concat_weight(w):
         return
@@ -785,7 +785,7 @@ def _matmul_concat(ctx: Ctx, root: Node) -> Iterable[Candidate]:
         indices.append(acc)
     split = b.op("split", merged, axis=merged.ndim - 1, indices=tuple(indices))
     roots = {out: b.op("get_item", split, index=i) for i, out in enumerate(outs)}
-    yield Candidate(roots, ("matmul_concat_shared_input",))
+    yield RuleMatch(roots, ("matmul_concat_shared_input",))
 
 
 def _concat_weight(w: Value) -> bool:
@@ -813,7 +813,7 @@ def _is_last_two_swap(axes, ndim: int) -> bool:
     rtol=0.0, lhs="(A·B)ᵀ with A or B a transpose or a weight", rhs="Bᵀ·Aᵀ",
     flops="same FLOPs; one or two transposes fewer",
     preconditions=("the permutation swaps the last two axes only",))
-def _transpose_of_matmul(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _transpose_of_matmul(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     m = root.args[0]
     if not (_is_last_two_swap(root.attrs["axes"], root.ndim) and isinstance(m, Node)
             and m.op == "matmul" and m.single_use()):
@@ -832,7 +832,7 @@ def _transpose_of_matmul(ctx: Ctx, root: Node) -> Iterable[Candidate]:
             saved += 1
         swapped.append(b.op("permute_dims", x, axes=axes))
     if saved:
-        yield Candidate({root: b.op("matmul", *swapped)}, ("transpose_of_matmul",))
+        yield RuleMatch({root: b.op("matmul", *swapped)}, ("transpose_of_matmul",))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -842,16 +842,16 @@ def _transpose_of_matmul(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     name="permute_compose", prop="associative", roots=("permute_dims",), exact=True, rtol=0.0,
     lhs="Transpose(Transpose(A, p1), p2)", rhs="Transpose(A, p1∘p2), or A",
     flops="0 → 0; one transpose fewer")
-def _permute_compose(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _permute_compose(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     x = root.args[0]
     if not (isinstance(x, Node) and x.op == "permute_dims"):
         return
     p1, p2 = x.attrs["axes"], root.attrs["axes"]
     composed = tuple(p1[i] for i in p2)
     if composed == tuple(range(len(composed))):
-        yield Candidate({root: x.args[0]}, ("permute_compose",))
+        yield RuleMatch({root: x.args[0]}, ("permute_compose",))
     else:
-        yield Candidate({root: ctx.b.op("permute_dims", x.args[0], axes=composed)},
+        yield RuleMatch({root: ctx.b.op("permute_dims", x.args[0], axes=composed)},
                         ("permute_compose",))
 
 
@@ -859,16 +859,16 @@ def _permute_compose(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     name="reshape_compose", prop="associative", roots=("reshape",), exact=True, rtol=0.0,
     lhs="Reshape(Reshape(A, s1), s2), Reshape(A, shape(A))", rhs="Reshape(A, s2), A",
     flops="0 → 0; one reshape fewer")
-def _reshape_compose(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _reshape_compose(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     x = root.args[0]
     if x.shape == root.shape:
-        yield Candidate({root: x}, ("reshape_compose",))
+        yield RuleMatch({root: x}, ("reshape_compose",))
         return
     if isinstance(x, Node) and x.op == "reshape":
         inner = x.args[0]
         new = inner if inner.shape == root.shape else ctx.b.op(
             "reshape", inner, shape=root.attrs["shape"])
-        yield Candidate({root: new}, ("reshape_compose",))
+        yield RuleMatch({root: new}, ("reshape_compose",))
 
 
 _ROW_UNARY = ("negative", "abs", "sqrt", "rsqrt", "square", "exp", "log")
@@ -883,7 +883,7 @@ _ROW_BINARY = ("add", "subtract", "multiply", "divide", "power")
                    "the outer reshape restores exactly those leading axes",
                    "every op between acts row by row: 2-D weight matmul, element-wise ops "
                    "whose other operand varies only along the last axis"))
-def _reshape_through_rowwise(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _reshape_through_rowwise(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     path = []
     v = root.args[0]
     while isinstance(v, Node) and v.single_use():
@@ -905,7 +905,7 @@ def _reshape_through_rowwise(ctx: Ctx, root: Node) -> Iterable[Candidate]:
         args = list(node.args)
         args[data] = new
         new = b.op(node.op, *args, **node.attrs)
-    yield Candidate({root: new}, ("reshape_through_rowwise",))
+    yield RuleMatch({root: new}, ("reshape_through_rowwise",))
 
 
 def _row_data_operand(v: Node) -> int | None:
@@ -926,7 +926,7 @@ def _row_data_operand(v: Node) -> int | None:
     name="shift_compose", prop="associative", roots=("left_shift", "right_shift"), exact=True,
     rtol=0.0, lhs="BitShift(BitShift(A, a), b)  (same direction)", rhs="BitShift(A, a + b)",
     flops="2mn → mn", preconditions=("integer dtype", "a, b scalar constants, a + b < bits"))
-def _shift_compose(ctx: Ctx, root: Node) -> Iterable[Candidate]:
+def _shift_compose(ctx: Ctx, root: Node) -> Iterable[RuleMatch]:
     x, amount = root.args
     if not (isinstance(x, Node) and x.op == root.op and is_int(root.dtype)):
         return
@@ -937,7 +937,7 @@ def _shift_compose(ctx: Ctx, root: Node) -> Iterable[Candidate]:
     if not (0 <= a and 0 <= b_ and a + b_ < bits):
         return
     total = ctx.b.const(int(a + b_), root.dtype)
-    yield Candidate({root: ctx.b.op(root.op, x.args[0], total)}, ("shift_compose",))
+    yield RuleMatch({root: ctx.b.op(root.op, x.args[0], total)}, ("shift_compose",))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from .grouping import is_primitive
-from .rewrite_cost import ZERO, add_costs, module_flops, node_cost, sub_costs
-from .rewrite_emit import BlockRewriter
-from .rewrite_ir import BlockGraph, Leaf, Node, Refuse, Value, reset_keys
-from .rewrite_rules import RULES, Candidate, Ctx, Rule, generators_by_op, rules_by_property
+from ..grouping import is_primitive
+from .cost import ZERO, add_costs, module_flops, node_cost, sub_costs
+from .emit import BlockRewriter
+from .ir import BlockGraph, Leaf, Node, Refuse, Value, reset_keys
+from .rules import RULES, RuleMatch, Ctx, Rule, generators_by_op, rules_by_property
 
 __all__ = ["RULES", "Rule", "RewriteByMathProperties", "RewriteStats", "module_flops",
            "rules_by_property", "rewrite_graph"]
@@ -259,7 +259,7 @@ class _Driver:
             best[node] = top
 
     # -- applying ----------------------------------------------------------------------------
-    def _apply(self, graph: BlockGraph, cand: Candidate):
+    def _apply(self, graph: BlockGraph, cand: RuleMatch):
         new_nodes = _detached_nodes(cand)
         dying = _dying(cand, new_nodes)
         order = min(r.order for r in cand.roots) - 0.5
@@ -326,7 +326,7 @@ def _near(touched: set) -> list[Node]:
     return sorted((n for n in out if n.alive), key=lambda n: n.order)
 
 
-def _detached_nodes(cand: Candidate) -> list[Node]:
+def _detached_nodes(cand: RuleMatch) -> list[Node]:
     """Nodes the candidate creates, operands first."""
     out: list[Node] = []
     seen: set = set()
@@ -344,7 +344,7 @@ def _detached_nodes(cand: Candidate) -> list[Node]:
     return out
 
 
-def _dying(cand: Candidate, new_nodes: list[Node]) -> set:
+def _dying(cand: RuleMatch, new_nodes: list[Node]) -> set:
     """The roots and every node only they (transitively) use, minus what the result reuses."""
     kept = {id(a) for n in new_nodes for a in n.args}
     kept |= {id(rep) for rep in cand.roots.values()}
@@ -361,7 +361,7 @@ def _dying(cand: Candidate, new_nodes: list[Node]) -> set:
     return dying
 
 
-def _gain(cand: Candidate):
+def _gain(cand: RuleMatch):
     """Cost saved by applying ``cand``, or None when it is not a valid replacement."""
     for root, rep in cand.roots.items():
         if not (root.alive and root.attached) or root.alias is not None:

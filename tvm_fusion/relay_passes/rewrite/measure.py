@@ -1,6 +1,6 @@
 """Measure rewriting on ONNX models: FLOPs and kernel counts with and without it.
 
-Run as ``python -m tvm_fusion.relay_passes.rewrite_measure models/*.onnx [--check]``; it
+Run as ``python -m tvm_fusion.relay_passes.rewrite.measure models/*.onnx [--check]``; it
 prints one Markdown table row per model (the table in ``docs/rewrite.md``). Kernel counts are
 ``count_kernels(fuse(mod, "llvm", strategy))`` for the DNNFusion planner and for stock TVM
 ``FuseOps``, on the imported module and on the rewritten one. ``--check`` also compiles the
@@ -15,10 +15,10 @@ import time
 import warnings
 from pathlib import Path
 
-from ..compile import compile_model, count_kernels, fuse, graph_input_names, import_onnx, load_onnx
-from ..compile import run as run_executable
-from ..testing import compare, onnx_reference, random_inputs
-from .rewrite import RULES, RewriteByMathProperties
+from ...compile import compile_model, count_kernels, fuse, graph_input_names, import_onnx, load_onnx
+from ...compile import run as run_executable
+from ...testing import compare, onnx_reference, random_inputs
+from .math_properties import RULES, RewriteByMathProperties
 
 HEADER = ("| model | FLOPs before | FLOPs after | saved | rewrites (rules) | rewrite s "
           "| kernels dnnfusion | kernels stock | max abs err vs ORT |\n"

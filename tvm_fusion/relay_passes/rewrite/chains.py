@@ -26,7 +26,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .rewrite_ir import (
+from .ir import (
     Builder,
     Leaf,
     Node,

@@ -21,12 +21,12 @@ def test_transform_keeps_exporting_the_defaults():
 def test_choices_repeat_the_passes_constants():
     from tvm_fusion.layout.conv_pack import POLICIES as CONV_LAYOUTS
     from tvm_fusion.layout.smartmem import POLICIES as LAYOUT_POLICIES
-    from tvm_fusion.relay_passes.apollo.partition import PROFILES as APOLLO_RULES
     from tvm_fusion.relay_passes.apollo.feedback import BLOCKLIST_MODES
-    from tvm_fusion.relay_passes.optifx import MODES as CONV_CHAINS
+    from tvm_fusion.relay_passes.apollo.partition import PROFILES as APOLLO_RULES
     from tvm_fusion.relay_passes.fusion_plan import SEED_POLICIES
     from tvm_fusion.relay_passes.fusion_table import Colour
     from tvm_fusion.relay_passes.mapping_type import BROADCAST_POLICIES, MappingType
+    from tvm_fusion.relay_passes.optifx import MODES as CONV_CHAINS
     from tvm_fusion.relay_passes.plan_fusion import STRATEGIES
     from tvm_fusion.tuning.oracle import MODES as PROFILE_MODES
 

@@ -22,13 +22,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
+from tvm_fusion.relay_passes.rewrite.ir import BlockGraph, evaluate
 from tvm_fusion.relay_passes.rewrite.math_properties import (
     RULES,
     RewriteByMathProperties,
     module_flops,
     rules_by_property,
 )
-from tvm_fusion.relay_passes.rewrite.ir import BlockGraph, evaluate
 
 op = relax.op
 F32 = "float32"

@@ -42,8 +42,8 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """
     from tvm.s_tir import dlight as dl
 
-    from .tir_schedules.optifx import try_schedule_conv_chain_gpu
     from .tir_schedules.fused_block import probe_build
+    from .tir_schedules.optifx import try_schedule_conv_chain_gpu
 
     rule_sets = [
         [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),

@@ -139,8 +139,8 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
 
 def _apollo_pass(opts: dict, target: tvm.target.Target) -> tvm.transform.Pass:
     """Apollo's PlanFusion + FuseTIR + ScheduleFusedBlocks with the feedback loop."""
-    from .relay_passes.apollo.partition import ApolloOptions
     from .relay_passes.apollo.feedback import ApolloFuse, Blocklist
+    from .relay_passes.apollo.partition import ApolloOptions
     from .tuning.database import default_path
 
     blocklist = Blocklist(opts["profile_db"] or default_path(), str(target.kind.name),

@@ -270,7 +270,8 @@ def find_candidates(ecg: ECG, rops: dict[int, RegionOp]) -> list[ChainCandidate]
         if nxt is None or nxt not in rops:
             continue
         mem = {r1, *path1, nxt}
-        found.append(ChainCandidate("SISO", (r1, nxt), frozenset(mem), (path1[-1] if path1 else r1,)))
+        found.append(ChainCandidate("SISO", (r1, nxt), frozenset(mem),
+                                    (path1[-1] if path1 else r1,)))
         path2, nxt2 = nexts[nxt]
         if nxt2 is not None and nxt2 in rops and T_GRAPH >= 3:
             mem3 = mem | {*path2, nxt2}
@@ -453,7 +454,8 @@ def backtracking_search(candidates: list[ChainCandidate], cost: Callable[[frozen
 
 def choose_chains(ecg: ECG, mode: str = "cost_model", platform: Platform | str = "cpu",
                   mod: tvm.IRModule | None = None,
-                  latency: Callable[[ChainCandidate], tuple[float, float, str] | None] | None = None,
+                  latency: Callable[[ChainCandidate], tuple[float, float, str] | None]
+                  | None = None,
                   prune: bool = True) -> list[ChainDecision]:
     """Candidates of one ECG, scored, pruned (Algorithm 1) and searched (Algorithm 2).
 

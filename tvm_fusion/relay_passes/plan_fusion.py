@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
-from .optifx import blocks_holding, choose_chains, merge_chains_into_plan
 from .ecg import FuncCache, build_ecg
 from .fusion_plan import FusionPlan, PlanOptions, plan_dnnfusion
 from .grouping import group_bindings, is_primitive
+from .optifx import blocks_holding, choose_chains, merge_chains_into_plan
 
 STRATEGIES = ("dnnfusion", "tvm", "apollo")
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
-from .partition import ApolloOptions, ApolloPlan, apollo_type, plan_apollo
 from ..grouping import is_primitive
 from ..plan_fusion import ModulePlan, apply_plan, block_ecgs
+from .partition import ApolloOptions, ApolloPlan, apollo_type, plan_apollo
 
 BLOCKLIST_MODES = ("db", "memory")
 

@@ -40,6 +40,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from ..ecg import ECG
+from ..fusion_plan import FusionBlock, FusionPlan, Rejection
 from .classify import (  # noqa: F401 (re-exported)
     BC,
     COMPUTE_BOUND,
@@ -54,8 +56,6 @@ from .classify import (  # noqa: F401 (re-exported)
     apollo_type,
 )
 from .stitch import CPU_BYTES_PER_S, CPU_FLOPS_PER_S, parallel_gain  # noqa: F401
-from ..ecg import ECG
-from ..fusion_plan import FusionBlock, FusionPlan, Rejection
 
 PROFILES = ("practical", "paper")
 

@@ -35,7 +35,7 @@ from ..grouping import is_primitive
 from .cost import ZERO, add_costs, module_flops, node_cost, sub_costs
 from .emit import BlockRewriter
 from .ir import BlockGraph, Leaf, Node, Refuse, Value, reset_keys
-from .rules import RULES, RuleMatch, Ctx, Rule, generators_by_op, rules_by_property
+from .rules import RULES, Ctx, Rule, RuleMatch, generators_by_op, rules_by_property
 
 __all__ = ["RULES", "Rule", "RewriteByMathProperties", "RewriteStats", "module_flops",
            "rules_by_property", "rewrite_graph"]

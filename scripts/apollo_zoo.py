@@ -33,8 +33,9 @@ from tvm_fusion.compile import (  # noqa: E402
     load_onnx,
     run,
 )
+from tvm_fusion.feeds import random_inputs  # noqa: E402
+from tvm_fusion.numerics import onnx_reference  # noqa: E402
 from tvm_fusion.relay_passes.plan_fusion import plan_module  # noqa: E402
-from tvm_fusion.testing import onnx_reference, random_inputs  # noqa: E402
 from tvm_fusion.threads import use_physical_cores  # noqa: E402
 from tvm_fusion.transform import legalize_passes  # noqa: E402
 

@@ -23,8 +23,9 @@ from tvm_fusion.compile import (
     import_onnx,
     load_onnx,
 )
-from tvm_fusion.relay_passes.conv_chains_testing import chain_model
-from tvm_fusion.testing import max_abs_error, onnx_reference, random_inputs
+from tvm_fusion.feeds import random_inputs
+from tvm_fusion.models.conv_chains import chain_model
+from tvm_fusion.numerics import max_abs_error, onnx_reference
 from tvm_fusion.threads import use_physical_cores
 
 TARGET = {"kind": "llvm", "mcpu": "znver5", "num-cores": 2}

@@ -2,11 +2,12 @@
 
     python scripts/bench_host_target.py [--repeat 10]
 
-Models (built with ``onnx.helper``, nothing downloaded): a BERT-base-sized encoder layer
+Models (built in code, nothing downloaded): a BERT-base-sized encoder layer
 (``tvm_fusion.models.transformer_encoder_layer``: seq 128, hidden 768, 12 heads, FFN 3072) and
-the symbolic encoder layer and conv net of tests/symbolic_models.py (run at batch 1, seq 128 and
-batch 8). Every build uses the tvm_fusion pipeline; all are built first, then timed in turns
-(:func:`tvm_fusion.bench.medians_in_turns`), so the two targets see the same machine state.
+the symbolic encoder layer and conv net of :mod:`tvm_fusion.models.symbolic` (run at batch 1,
+seq 128 and batch 8). Every build uses the tvm_fusion pipeline; all are built first, then timed
+in turns (:func:`tvm_fusion.bench.medians_in_turns`), so the two targets see the same machine
+state.
 For the symbolic encoder a static build at the same size is timed too: what the symbolic
 schedules cost against shapes known at compile time.
 """
@@ -19,7 +20,6 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from tvm_fusion.threads import use_physical_cores  # noqa: E402
 
@@ -30,9 +30,11 @@ from tvm import relax  # noqa: E402
 
 from tvm_fusion.bench import medians_in_turns  # noqa: E402
 from tvm_fusion.compile import compile_model, graph_input_names, import_onnx  # noqa: E402
+from tvm_fusion.feeds import random_inputs  # noqa: E402
 from tvm_fusion.models import transformer_encoder_layer  # noqa: E402
+from tvm_fusion.models.symbolic import conv_net, encoder_layer  # noqa: E402
+from tvm_fusion.numerics import max_abs_error, onnx_reference  # noqa: E402
 from tvm_fusion.target import host_cpu, host_target  # noqa: E402
-from tvm_fusion.testing import max_abs_error, onnx_reference, random_inputs  # noqa: E402
 
 
 def _vm_call(executable, inputs):
@@ -66,7 +68,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10)
     args = parser.parse_args()
-    from symbolic_models import conv_net, encoder_layer
 
     cases = {
         "bert_base_layer (static, seq 128)": (

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     from tvm import relax
 
     from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, load_onnx
-    from tvm_fusion.testing import random_inputs
+    from tvm_fusion.feeds import random_inputs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")

@@ -82,9 +82,9 @@ INLINE: list[tuple[str, str, str | None, str]] = [
     ("docs/benchmarks.md", "python scripts/export_models.py",
      "python scripts/export_models.py", ""),
     ("docs/benchmarks.md",
-     "python -m tvm_fusion.layout.measure time swin_block models/swin_t.onnx --rounds 3 "
+     "python scripts/measure_smartmem.py time swin_block models/swin_t.onnx --rounds 3 "
      "--strategy dnnfusion",
-     "python -m tvm_fusion.layout.measure time swin_block models/swin_t.onnx --rounds 3 "
+     "python scripts/measure_smartmem.py time swin_block models/swin_t.onnx --rounds 3 "
      "--strategy dnnfusion", ""),
     ("docs/benchmarks.md", "TVM_NUM_THREADS=1 python scripts/bench_conv_chains.py --repeat 5",
      "TVM_NUM_THREADS=1 python scripts/bench_conv_chains.py --repeat 5", ""),
@@ -105,8 +105,8 @@ INLINE: list[tuple[str, str, str | None, str]] = [
     ("docs/profiling.md", r"tvm-fusion db stats \| list \| export \| import \| prune", None,
      "names the subcommands (synopsis block checked below)"),
     ("docs/profiling.md", "tvm-fusion bench", None, "names the subcommand"),
-    ("docs/rewrite.md", "python -m tvm_fusion.relay_passes.rewrite.measure --rules",
-     "python -m tvm_fusion.relay_passes.rewrite.measure --rules", ""),
+    ("docs/rewrite.md", "python scripts/measure_rewrite.py --rules",
+     "python scripts/measure_rewrite.py --rules", ""),
 ]
 
 # Lines of unlabelled blocks (usage synopses) checked with concrete arguments: doc, the line's

@@ -9,7 +9,8 @@ import pytest
 import tvm
 
 from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_onnx, run
-from tvm_fusion.testing import compare, onnx_reference, random_inputs
+from tvm_fusion.feeds import random_inputs
+from tvm_fusion.numerics import compare, onnx_reference
 
 TARGET = tvm.target.Target("llvm")
 

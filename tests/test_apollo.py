@@ -11,9 +11,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.compile import compile_model, count_kernels, fuse, graph_input_names, import_onnx
 from tvm_fusion.compile import run as run_vm
+from tvm_fusion.feeds import random_inputs
 from tvm_fusion.models import transformer_encoder_layer
+from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.relay_passes.apollo.partition import parallel_gain, rule_groups
-from tvm_fusion.testing import compare, onnx_reference, random_inputs
 
 RAW = dict(rewrite=False, layout=False)  # the graph as imported: no rewriting, no pre-fusion
 

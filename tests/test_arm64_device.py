@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, load_onnx
+from tvm_fusion.feeds import random_inputs
 from tvm_fusion.models import transformer_encoder_layer
-from tvm_fusion.relay_passes.conv_chains_testing import chain_model
-from tvm_fusion.testing import compare, max_abs_error, onnx_reference, random_inputs
+from tvm_fusion.models.conv_chains import chain_model
+from tvm_fusion.numerics import compare, max_abs_error, onnx_reference
 from tvm_fusion.tuning import tune as T
 
 AARCH64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"], "num-cores": 2}

@@ -25,7 +25,8 @@ from test_rpc_tuning import _records, run_dead_server_scenario, small_model
 from tvm import relax
 
 from tvm_fusion.compile import graph_input_names
-from tvm_fusion.testing import compare, max_abs_error, onnx_reference, random_inputs
+from tvm_fusion.feeds import random_inputs
+from tvm_fusion.numerics import compare, max_abs_error, onnx_reference
 from tvm_fusion.tuning import rpc
 
 GNU = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"], "num-cores": 2}

@@ -191,18 +191,17 @@ def test_check_outputs_by_dtype_and_ties():
 
 
 def test_reference_that_cannot_run_is_one_line(tmp_path, monkeypatch):
-    from tvm_fusion import testing
+    from tvm_fusion import report
     from tvm_fusion.compile import ModelError
-    from tvm_fusion.report import make_report
 
     def refuse(model, feeds):
         raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : no kernel\nmore C++ detail")
 
-    monkeypatch.setattr(testing, "onnx_reference", refuse)
+    monkeypatch.setattr(report, "onnx_reference", refuse)
     model = onnx.load(_tiny_model(tmp_path / "relu.onnx"))
     with pytest.raises(ModelError, match=r"cannot run the model \(\[ONNXRuntimeError\].*"
                                          r"no kernel\); --no-check skips the check$"):
-        make_report(model, "relu")
+        report.make_report(model, "relu")
 
 
 @pytest.mark.parametrize("error, code, expected", [

@@ -17,7 +17,9 @@ from tvm import s_tir
 from tvm.script import tirx as T
 
 from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_onnx, run
+from tvm_fusion.feeds import random_inputs
 from tvm_fusion.models import get_builtin
+from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.relay_passes.mapping_type import (
     FuncAccess,
     MappingType,
@@ -25,7 +27,7 @@ from tvm_fusion.relay_passes.mapping_type import (
     classify,
     num_primfunc_outputs,
 )
-from tvm_fusion.testing import compare, onnx_reference, random_dag_models, random_inputs
+from tvm_fusion.testing.random_dag import random_dag_models
 from tvm_fusion.tir_schedules import fast_math as fm
 from tvm_fusion.tir_schedules.cpu_target import cpu_params
 from tvm_fusion.tir_schedules.fused_block import (

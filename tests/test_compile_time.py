@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tvm_fusion.compile import compile_model, fuse, import_onnx, run
-from tvm_fusion.testing import compare, onnx_reference
+from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.tir_schedules.fused_block import KEPT_ATTR
 
 

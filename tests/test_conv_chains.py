@@ -11,9 +11,10 @@ from conftest import TARGET
 from tvm import s_tir
 
 from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_onnx, run
+from tvm_fusion.feeds import random_inputs
+from tvm_fusion.models.conv_chains import chain_model, miso_model, simo_model
+from tvm_fusion.numerics import compare
 from tvm_fusion.relay_passes import optifx as cc
-from tvm_fusion.relay_passes.conv_chains_testing import chain_model, miso_model, simo_model
-from tvm_fusion.testing import compare, random_inputs
 from tvm_fusion.tir_schedules.optifx import CHAIN_ATTR, choose_band, choose_tile, halo_extent
 from tvm_fusion.tir_utils import find_all
 
@@ -266,7 +267,7 @@ def test_real_models_and_the_anchor_bound(name, m2m, expected):
     import os
 
     from tvm_fusion.compile import count_kernels, load_onnx
-    from tvm_fusion.testing import onnx_reference
+    from tvm_fusion.numerics import onnx_reference
 
     path = os.path.join(os.path.dirname(__file__), "..", "models", f"{name}.onnx")
     if not os.path.exists(path):
@@ -290,7 +291,7 @@ def test_efficientnet_b0_below_its_anchor_bound_with_measured_chains(tmp_path):
     import os
 
     from tvm_fusion.compile import count_kernels, load_onnx
-    from tvm_fusion.testing import onnx_reference
+    from tvm_fusion.numerics import onnx_reference
 
     path = os.path.join(os.path.dirname(__file__), "..", "models", "efficientnet_b0.onnx")
     if not os.path.exists(path):

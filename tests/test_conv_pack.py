@@ -6,9 +6,10 @@ import tvm
 from conftest import TARGET
 
 from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_onnx, run
+from tvm_fusion.feeds import random_inputs
 from tvm_fusion.layout.conv_pack import should_pack
-from tvm_fusion.relay_passes.conv_chains_testing import chain_model
-from tvm_fusion.testing import compare, onnx_reference, random_inputs
+from tvm_fusion.models.conv_chains import chain_model
+from tvm_fusion.numerics import compare, onnx_reference
 
 DENSE = [("conv", 32, 3, 1, 1, 1, "relu"), ("conv", 32, 1, 1, 0, 1, None),
          ("conv", 16, 3, 2, 1, 1, "relu"), ("maxpool", 3, 2, 1)]

@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tvm_fusion.compile import compile_model, import_onnx, run
-from tvm_fusion.testing import compare, onnx_reference
+from tvm_fusion.numerics import compare, onnx_reference
 
 EDGES = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 1e-40, 88.5,
                   88.7, 88.73, 89.5, -87.0, -88.5, -95.0, -103.0, -104.5, -200.0, 3.9, 4.5,

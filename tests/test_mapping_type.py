@@ -12,7 +12,8 @@ from tvm_fusion.relay_passes.mapping_type import (
     MappingType,
     classify_primfunc,
 )
-from tvm_fusion.testing import SINGLE_OP_EXPECTED, TVM_UNSUPPORTED, single_op_model
+from tvm_fusion.testing.single_op import SINGLE_OP_EXPECTED, single_op_model
+from tvm_fusion.testing.stock import TVM_UNSUPPORTED
 from tvm_fusion.transform import legalize_passes
 
 _LLVM = tvm.target.Target("llvm")

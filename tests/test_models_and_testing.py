@@ -13,20 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
+from tvm_fusion.feeds import random_inputs
 from tvm_fusion.models import BUILTIN_MODELS, figure3_graph, get_builtin, transformer_encoder_layer
-from tvm_fusion.testing import (
-    SINGLE_OP_EXPECTED,
-    SINGLE_OP_TYPES,
-    TVM_UNSUPPORTED,
-    compare,
-    load_backend_case,
-    onnx_backend_model_dirs,
-    onnx_reference,
-    random_dag_models,
-    random_inputs,
-    run_tvm_stock,
-    single_op_model,
-)
+from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.testing.onnx_backend import load_backend_case, onnx_backend_model_dirs
+from tvm_fusion.testing.random_dag import random_dag_models
+from tvm_fusion.testing.single_op import SINGLE_OP_EXPECTED, SINGLE_OP_TYPES, single_op_model
+from tvm_fusion.testing.stock import TVM_UNSUPPORTED, run_tvm_stock
 
 MAPPING_TYPES = {"ONE_TO_ONE", "ONE_TO_MANY", "MANY_TO_MANY", "REORGANIZE", "SHUFFLE"}
 

@@ -6,15 +6,11 @@ from conftest import TARGET, check_model
 from hypothesis import HealthCheck, given, settings
 
 from tvm_fusion.compile import graph_input_names, import_onnx, run
+from tvm_fusion.feeds import random_inputs
 from tvm_fusion.models import BUILTIN_MODELS, get_builtin
-from tvm_fusion.testing import (
-    compare,
-    load_backend_case,
-    onnx_backend_model_dirs,
-    onnx_reference,
-    random_dag_models,
-    random_inputs,
-)
+from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.testing.onnx_backend import load_backend_case, onnx_backend_model_dirs
+from tvm_fusion.testing.random_dag import random_dag_models
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_MODELS))

@@ -794,8 +794,9 @@ def test_encoder_layer_has_fewer_kernels_and_the_same_values():
         import_onnx,
         run,
     )
+    from tvm_fusion.feeds import random_inputs
     from tvm_fusion.models import transformer_encoder_layer
-    from tvm_fusion.testing import compare, onnx_reference, random_inputs
+    from tvm_fusion.numerics import compare, onnx_reference
 
     model = transformer_encoder_layer()
     mod = import_onnx(model)
@@ -826,7 +827,8 @@ def test_real_model_rewriting(name, strategy):
         load_onnx,
         run,
     )
-    from tvm_fusion.testing import compare, onnx_reference, random_inputs
+    from tvm_fusion.feeds import random_inputs
+    from tvm_fusion.numerics import compare, onnx_reference
 
     path = Path(__file__).resolve().parents[1] / "models" / f"{name}.onnx"
     if not path.is_file():
@@ -908,7 +910,8 @@ def test_table4_row2_from_onnx_in_every_order(form):
     muls;
     the values match ONNX Runtime (zeros of B included)."""
     from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, run
-    from tvm_fusion.testing import onnx_reference, random_inputs
+    from tvm_fusion.feeds import random_inputs
+    from tvm_fusion.numerics import onnx_reference
 
     model = _row2_onnx(form, "relu")
     mod = import_onnx(model)
@@ -928,7 +931,8 @@ def test_table4_row2_from_onnx_keeps_the_nan_of_a_negative_b(form):
     """B of unknown sign: √B·√B is NaN where B < 0 and A⊙B⊙C would not be, so nothing fires
     (the issue's "4 operators before and after" graph is this one) and the NaNs stay."""
     from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, run
-    from tvm_fusion.testing import onnx_reference, random_inputs
+    from tvm_fusion.feeds import random_inputs
+    from tvm_fusion.numerics import onnx_reference
 
     model = _row2_onnx(form, "input")
     mod = import_onnx(model)

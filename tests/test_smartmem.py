@@ -9,8 +9,8 @@ import tvm
 from tvm import relax, sym, tirx
 
 from tvm_fusion.compile import count_kernels, fuse, graph_input_names, import_onnx, run
+from tvm_fusion.feeds import random_inputs
 from tvm_fusion.layout import smartmem
-from tvm_fusion.layout.blocks import relative_position_index, swin_window_attention
 from tvm_fusion.layout.classes import TABLES_5_6, Action, LayoutClass, Search, pair_decision
 from tvm_fusion.layout.index_maps import (
     contiguous_along,
@@ -21,7 +21,8 @@ from tvm_fusion.layout.index_maps import (
 )
 from tvm_fusion.layout.layout_choice import site_preference
 from tvm_fusion.layout.pipeline import graph_passes
-from tvm_fusion.testing import compare, onnx_reference, random_inputs
+from tvm_fusion.models.swin import relative_position_index, swin_window_attention
+from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.transform import legalize_passes
 
 LLVM = tvm.target.Target("llvm")

@@ -14,7 +14,6 @@ import onnx
 import pytest
 import tvm
 from conftest import TARGET
-from symbolic_models import conv_net, decoder_block, encoder_layer, mlp, nms_model
 from tvm import relax, tirx
 
 from tvm_fusion import symbolic
@@ -22,8 +21,10 @@ from tvm_fusion import target as host
 from tvm_fusion.cli import main as cli_main
 from tvm_fusion.compile import compile_model, count_kernels, fuse, graph_input_names, import_onnx
 from tvm_fusion.compile import run as run_vm
+from tvm_fusion.feeds import random_inputs, run_shapes
+from tvm_fusion.models.symbolic import conv_net, decoder_block, encoder_layer, mlp, nms_model
+from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.relay_passes.plan_fusion import ModulePlan
-from tvm_fusion.testing import compare, onnx_reference, random_inputs, run_shapes
 from tvm_fusion.threads import physical_cores
 from tvm_fusion.tir_schedules.fused_block import FALLBACK_ATTR, SCHEDULE_ATTR
 
@@ -129,7 +130,7 @@ def _symbolize(model: onnx.ModelProto, axis: int, name: str) -> onnx.ModelProto:
     ("Conv", 1, (8,), {"conv_layout": "NCHWc", "at_most_stock": False}),
 ])
 def test_single_ops_taking_symbolic_sizes(op, axis, sizes, options):
-    from tvm_fusion.testing import single_op_model
+    from tvm_fusion.testing.single_op import single_op_model
 
     model = _symbolize(single_op_model(op), axis, "n_sym")
     check_symbolic(model, [{"n_sym": n} for n in sizes], **options)

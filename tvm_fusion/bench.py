@@ -194,10 +194,11 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
 
     Every runtime gets the same threads, one per physical core (TVM's own default is half the
     hardware threads on x86: :mod:`tvm_fusion.threads`). A model with symbolic dimensions is
-    compiled symbolic and run at ``input_shapes`` (:func:`tvm_fusion.testing.run_shapes`)."""
+    compiled symbolic and run at ``input_shapes`` (:func:`tvm_fusion.feeds.run_shapes`)."""
     use_physical_cores()
     from .compile import graph_input_names, load_onnx
-    from .testing import max_abs_error, onnx_reference, random_inputs, run_shapes, shapes_for
+    from .feeds import random_inputs, run_shapes, shapes_for
+    from .numerics import max_abs_error, onnx_reference
 
     unknown = sorted(set(variants) - set(ALL_VARIANTS))
     if unknown:

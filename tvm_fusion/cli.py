@@ -180,7 +180,7 @@ def _parse_input_shapes(pairs: list[str] | None) -> dict | None:
 def _check_shape_names(shapes: dict | None, models: list) -> None:
     """Every ``--input-shape`` name must belong to one of the models (each model gets the
     entries that name its own inputs and dimensions)."""
-    from .testing import shape_names
+    from .feeds import shape_names
 
     known = set().union(*(shape_names(m) for m in models)) if models else set()
     unknown = sorted(set(shapes or {}) - known)
@@ -312,7 +312,7 @@ def _cmd_report(args) -> int:
     if args.html and len(args.models) != 1:
         raise ValueError(f"--html draws one model; {len(args.models)} given")
     html_path = _writable_path("--html", args.html, "plan.html") if args.html else None
-    from .testing import shapes_for
+    from .feeds import shapes_for
 
     reports = []
     shapes = _parse_input_shapes(args.input_shape)

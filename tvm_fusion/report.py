@@ -24,6 +24,8 @@ from .compile import (
     import_onnx,
     run,
 )
+from .feeds import random_inputs, run_shapes
+from .numerics import compare, max_abs_error, onnx_reference, tolerance_for
 from .relay_passes.plan_fusion import ModulePlan
 
 
@@ -81,13 +83,12 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
 
     A model with symbolic dimensions is planned and compiled once, symbolic; the check runs it
     at ``input_shapes`` (graph input -> shape, or ``dim_param`` -> size; the rest at the sizes
-    the cost model assumes, :func:`tvm_fusion.testing.run_shapes`).
+    the cost model assumes, :func:`tvm_fusion.feeds.run_shapes`).
 
     ``artifacts``, a dict, receives what the report was made from (``plan``: the ModulePlan
     or None, ``stock_mod``: stock FuseOps' module), so a picture can show the same plan."""
     from .devices import require_device
     from .symbolic import symbolic_hints
-    from .testing import max_abs_error, onnx_reference, random_inputs, run_shapes
 
     if check:  # before minutes of building: the check runs the model on the target's device
         require_device(target, "the check runs the model: pass check=False (--no-check) to "
@@ -161,15 +162,13 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
 
 def check_outputs(ours, stock, reference) -> list[str]:
     """The numerical check: each output of tvm_fusion against the ONNX reference, with the
-    tolerance of its dtype (``testing.tolerance_for``; integers exact).
+    tolerance of its dtype (:func:`tvm_fusion.numerics.tolerance_for`; integers exact).
 
     An output out of tolerance of the reference but within it of stock TVM's is not a fusion
     error: it is a tie that TVM's TopK/ArgMax break another way than ONNX Runtime, or an
     accumulation order of TVM's own. It passes with a note (returned) that says so; any other
     difference raises ``AssertionError`` naming the output.
     """
-    from .testing import compare, max_abs_error, tolerance_for
-
     ours, stock, reference = list(ours), list(stock), list(reference)
     if not len(ours) == len(stock) == len(reference):
         raise AssertionError(f"tvm_fusion has {len(ours)} outputs, stock TVM {len(stock)}, "

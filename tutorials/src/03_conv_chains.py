@@ -23,12 +23,13 @@ import numpy as np
 import tvm
 
 from tvm_fusion.compile import compile_model, count_kernels, fuse, import_onnx, run
+from tvm_fusion.feeds import random_inputs
+from tvm_fusion.models.conv_chains import chain_model, simo_model
+from tvm_fusion.numerics import onnx_reference
 from tvm_fusion.relay_passes import optifx as cc
-from tvm_fusion.relay_passes.conv_chains_testing import chain_model, simo_model
 from tvm_fusion.relay_passes.ecg import build_ecg
 from tvm_fusion.relay_passes.mapping_type import AnnotateMappingType
 from tvm_fusion.relay_passes.plan_fusion import _dataflow_blocks
-from tvm_fusion.testing import onnx_reference, random_inputs
 from tvm_fusion.threads import use_physical_cores
 from tvm_fusion.transform import legalize_passes
 

@@ -23,9 +23,10 @@ from IPython.display import Markdown, display
 
 import tvm_fusion
 from tvm_fusion.compile import compile_model, count_kernels, fuse, import_onnx, run
-from tvm_fusion.layout.blocks import swin_window_attention
+from tvm_fusion.feeds import random_inputs
 from tvm_fusion.layout.metrics import count_data_movement_kernels, kernel_names
-from tvm_fusion.testing import onnx_reference, random_inputs
+from tvm_fusion.models.swin import swin_window_attention
+from tvm_fusion.numerics import onnx_reference
 
 LLVM = tvm.target.Target("llvm")
 model = swin_window_attention()  # stage 1 of Swin-T: 56×56×96, 3 heads, 7×7 windows

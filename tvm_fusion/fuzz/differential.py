@@ -1,6 +1,6 @@
 """Run one fuzz case three ways and say whose bug a disagreement is.
 
-The ONNX Runtime reference (:func:`tvm_fusion.testing.onnx_reference`, graph optimisations off)
+The ONNX Runtime reference (:func:`tvm_fusion.numerics.onnx_reference`, graph optimisations off)
 and stock TVM (``compile_model(..., strategy="tvm")``: FuseOps + FuseTIR) are the two judges:
 
 * ``ok``: tvm_fusion builds, runs and matches ONNX Runtime;
@@ -11,7 +11,7 @@ and stock TVM (``compile_model(..., strategy="tvm")``: FuseOps + FuseTIR) are th
 
 Tolerances depend on the output dtype and scale with the output's magnitude (a float32 sum of
 large terms carries absolute error relative to the terms); integers and bools must match
-exactly; matching NaN and same-signed infinities are equal (:func:`tvm_fusion.testing.compare`).
+exactly; matching NaN and same-signed infinities are equal (:func:`tvm_fusion.numerics.compare`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
+
+from ..numerics import abs_error, compare, onnx_reference
 
 CLASSES = ("ok", "wrong", "crash", "timeout", "skipped")
 FAILURES = ("wrong", "crash", "timeout")
@@ -94,8 +96,6 @@ def _tolerance(ref: np.ndarray) -> tuple[float, float]:
 def mismatch(got: list[np.ndarray], ref: list[np.ndarray]) -> tuple[str | None, float]:
     """(first line of the disagreement or None, max abs error over outputs; inf for a NaN or
     shape mismatch)."""
-    from ..testing import compare
-
     if len(got) != len(ref):
         return f"{len(got)} outputs, reference has {len(ref)}", float("inf")
     worst, message = 0.0, None
@@ -112,8 +112,6 @@ def mismatch(got: list[np.ndarray], ref: list[np.ndarray]) -> tuple[str | None, 
 
 
 def _max_err(g: np.ndarray, r: np.ndarray) -> float:
-    from ..testing import abs_error
-
     if g.shape != r.shape:
         return float("inf")
     err = abs_error(g, r)
@@ -138,7 +136,6 @@ def check_case(case: Case, on_stage: Callable[[str], None] | None = None) -> Out
     import time
 
     from ..compile import graph_input_names
-    from ..testing import onnx_reference
 
     os.environ.setdefault("TVM_FUSION_DB", os.path.join(os.sep, "nonexistent", "fuzz.db"))
     start = time.perf_counter()

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..testing import _hint
+from ..feeds import input_hint
 
 #: Values planted in float inputs of "special" cases: NaN, infinities, signed zeros, denormals
 #: and magnitudes where fast approximations clamp (exp overflows just above 88.72).
@@ -51,7 +51,7 @@ def make_feeds(model: onnx.ModelProto, seed: int, special: bool = False,
                 plant = rng.random(shape) < SPECIAL_FRACTION
                 value = np.where(plant, rng.choice(SPECIAL_VALUES, shape), value)
         else:
-            hint, arg = _hint(vi)
+            hint, arg = input_hint(vi)
             high = int(arg) if hint == "bound" and arg else max(1, min([10, *shape]))
             value = rng.integers(0, high, shape)
         feeds[vi.name] = np.asarray(value).astype(dtype)

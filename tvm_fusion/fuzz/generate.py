@@ -1,13 +1,14 @@
 """Random ONNX graphs (and option sets) for differential fuzzing, reproducible from a seed.
 
-Unlike :func:`tvm_fusion.testing.random_dag_models` (the fusion planner's property tests, a few
-well-behaved ops), this generator aims at what the ONNX frontend imports and what issue 17 found
-broken: selections to scalars and size-1 axes *as graph outputs*, scans, gathers with constant
-indices, pads, resizes, normalisations, (batched, transposed) matmuls and Gemm, convs of every
-kind, int64 index arithmetic, casts, multi-output nodes, outputs also consumed inside the graph,
-transcendental chains and reductions. Each emitter appends one node or a short pattern; shapes
-come from ONNX shape inference after every node (a node it rejects is dropped), so an emitter
-never computes a shape by hand and cannot get one wrong.
+Unlike :func:`tvm_fusion.testing.random_dag.random_dag_models` (the fusion planner's property
+tests, a few well-behaved ops), this generator aims at what the ONNX frontend imports and what
+issue 17 found broken: selections to scalars and size-1 axes *as graph outputs*, scans, gathers
+with constant indices, pads, resizes, normalisations, (batched, transposed) matmuls and Gemm,
+convs of every kind, int64 index arithmetic, casts, multi-output nodes, outputs also consumed
+inside the graph, transcendental chains and reductions. Each emitter appends one node or a short
+pattern; shapes come from ONNX shape inference after every node (a node it rejects is dropped),
+so an emitter never computes a shape by hand and cannot get one wrong. Graphs are built with
+:class:`tvm_fusion.models.graph.GraphBuilder`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+
+from ..models.graph import GraphBuilder, make_model, value_info
 
 OPSET = 18
 IR_VERSION = 8
@@ -74,33 +77,29 @@ def draw_options(rng: np.random.Generator, share: float = 0.15) -> dict:
     return options
 
 
-class Builder:
+class Builder(GraphBuilder):
     """A growing ONNX graph whose value shapes come from ONNX shape inference."""
 
     def __init__(self, rng: np.random.Generator, opset: int = OPSET):
+        super().__init__("fuzz", opset=opset)
+        self.require_opset(opset)
         self.rng = rng
-        self.opset = opset
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self.inputs: list[onnx.ValueInfoProto] = []
         self.info: dict[str, tuple[tuple[int, ...], int]] = {}  # value -> (shape, elem type)
         self.produced: list[str] = []  # node outputs in creation order
-        self._n = 0
 
-    def name(self, prefix: str) -> str:
-        self._n += 1
-        return f"{prefix}{self._n}"
+    def require_opset(self, opset: int) -> None:
+        """Build at ``opset`` or newer, with the IR version that opset needs."""
+        self.opset = max(self.opset, opset)
+        self.ir_version = IR_VERSION if self.opset <= 18 else 10
 
     def input(self, shape, elem: int = FLOAT, hint: str = "") -> str:
-        name = self.name("in")
-        self.inputs.append(helper.make_tensor_value_info(name, elem, list(shape), doc_string=hint))
+        name = self.add_input(self.fresh("in"), list(shape), elem, hint)
         self.info[name] = (tuple(shape), elem)
         return name
 
     def const(self, value, dtype=np.float32) -> str:
-        name = self.name("c")
         arr = np.asarray(value, dtype=dtype)
-        self.inits.append(numpy_helper.from_array(arr, name))
+        name = self.add_initializer(self.fresh("c"), arr, arr.dtype)
         self.info[name] = (arr.shape, helper.np_dtype_to_tensor_dtype(arr.dtype))
         return name
 
@@ -110,39 +109,23 @@ class Builder:
     def elem(self, t: str) -> int:
         return self.info[t][1]
 
-    def model(self, outputs: list[str], nodes=None) -> onnx.ModelProto:
-        nodes = self.nodes if nodes is None else nodes
-        used = {i for n in nodes for i in n.input} | set(outputs)
-        graph = helper.make_graph(
-            nodes, "fuzz",
-            [vi for vi in self.inputs if vi.name in used],
-            [helper.make_tensor_value_info(o, self.elem(o), list(self.shape(o)))
-             for o in outputs],
-            [t for t in self.inits if t.name in used],
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
-        model.ir_version = IR_VERSION if self.opset <= 18 else 10
-        return model
-
     def add(self, op: str, inputs: list[str], n_out: int = 1, like: str | None = None,
             **attrs) -> list[str] | None:
         """Append a node; ``None`` (and nothing appended) if shape inference rejects it or
         leaves an output shape unknown. ``like`` names a value whose shape and type the
         (single) output has, for function ops that ONNX shape inference does not expand
         (GroupNormalization)."""
-        outs = [self.name(op.lower()[:6]) for _ in range(n_out)]
+        outs = [self.fresh(op.lower()[:6]) for _ in range(n_out)]
         try:
             node = helper.make_node(op, inputs, outs, **attrs)
         except ValueError:  # e.g. an empty perm for a rank-0 value
             return None
-        graph = helper.make_graph(
-            [*self.nodes, node], "probe",
-            [vi for vi in self.inputs], [], list(self.inits),
+        model = make_model(
+            "probe", [*self.nodes, node], self.inputs, [], self.initializers, opset=self.opset,
+            ir_version=self.ir_version, check=False,
             # known shapes, so values after a function op inference leaves untyped are typed
-            value_info=[helper.make_tensor_value_info(p, self.elem(p), list(self.shape(p)))
-                        for p in self.produced])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
-        model.ir_version = IR_VERSION if self.opset <= 18 else 10
+            graph_value_info=[value_info(p, list(self.shape(p)), self.elem(p))
+                              for p in self.produced])
         try:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
         except Exception:  # noqa: BLE001 - onnx raises several untyped errors
@@ -429,7 +412,7 @@ def emit_norm(b: Builder, t: str):
         return b.add1(kind, [t], axes=list(range(2, len(sh))))
     # GroupNormalization-18 (per-group scale) fails the checker as deprecated: the case moves
     # to opset 21 (per-channel scale), whose other operators mean what they meant in 18.
-    b.opset = max(b.opset, 21)
+    b.require_opset(21)
     groups = [g for g in range(1, c + 1) if c % g == 0]
     g = _pick(rng, groups)
     return b.add1(kind, [t, b.const(1 + 0.1 * rng.standard_normal(c)),
@@ -685,15 +668,6 @@ def _selection_output(b: Builder, t: str) -> str | None:
                             b.const([int(a) for a in axes], np.int64)])
 
 
-def _prune(nodes, outputs) -> list[onnx.NodeProto]:
-    need, kept = set(outputs), []
-    for node in reversed(nodes):
-        if any(o in need for o in node.output):
-            kept.append(node)
-            need.update(i for i in node.input if i)
-    return kept[::-1]
-
-
 def generate_model(seed: int, special: bool = False, max_nodes: int = 12) -> onnx.ModelProto:
     """A random, checker-valid ONNX model reproducible from ``seed``.
 
@@ -743,10 +717,9 @@ def generate_model(seed: int, special: bool = False, max_nodes: int = 12) -> onn
         sel = _selection_output(b, src)
         if sel:
             outputs.append(sel)
-    outputs = list(dict.fromkeys(outputs))
-    model = b.model(outputs, _prune(b.nodes, outputs))
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    for o in dict.fromkeys(outputs):
+        b.add_output(o, list(b.shape(o)), b.elem(o))
+    return b.model(prune=True)
 
 
 def make_symbolic(model: onnx.ModelProto, axis: int = 0, name: str = "N") -> onnx.ModelProto:

@@ -1,11 +1,6 @@
 """Numbers for ``docs/smartmem.md``: kernels and pure data-movement kernels (stock TVM vs
 tvm_fusion without and with SmartMem's elimination), and CPU latency with the elimination on
-and off under the same schedules, in one run.
-
-::
-
-    python -m tvm_fusion.layout.measure counts swin_block models/swin_t.onnx ...
-    python -m tvm_fusion.layout.measure time swin_block models/swin_t.onnx models/vit_b16.onnx
+and off under the same schedules, in one run (the command is ``scripts/measure_smartmem.py``).
 
 "Same schedules": both builds run ``ScheduleFusedBlocks``; a scheduled function that then fails
 to build (a bug of the CPU schedules, reported by name) is left unscheduled, in both builds
@@ -14,7 +9,6 @@ alike.
 
 from __future__ import annotations
 
-import argparse
 import time
 import warnings
 from pathlib import Path
@@ -23,20 +17,19 @@ import numpy as np
 import tvm
 
 from ..compile import count_kernels, fuse, graph_input_names, import_onnx, load_onnx, run
-from ..threads import use_physical_cores
+from ..feeds import random_inputs
+from ..models.swin import swin_window_attention
+from ..numerics import max_abs_error
 from .metrics import count_data_movement_kernels
 from .pipeline import graph_passes
 
 LLVM = tvm.target.Target("llvm")
-_GROUPING = {"dnnfusion": "DNNFusion planner", "tvm": "stock FuseOps"}
 
 
 def _load(path: Path):
     """An ONNX file, or ``swin_block`` for the Swin-T window-attention block of
-    :mod:`.blocks`."""
+    :mod:`tvm_fusion.models.swin`."""
     if str(path) == "swin_block":
-        from .blocks import swin_window_attention
-
         return swin_window_attention()
     return load_onnx(path)
 
@@ -104,8 +97,6 @@ def build(mod: tvm.IRModule, layout: bool, strategy: str = "dnnfusion"):
 
 def time_row(path: Path, rounds: int = 5, strategy: str = "dnnfusion") -> dict:
     """Median latency of the two builds, measured alternately in one process."""
-    from ..testing import max_abs_error, random_inputs
-
     model = _load(path)
     mod = import_onnx(model)
     feeds = random_inputs(model, seed=0)
@@ -129,39 +120,3 @@ def time_row(path: Path, rounds: int = 5, strategy: str = "dnnfusion") -> dict:
     return {"model": path.stem, "strategy": strategy, "without_ms": base, "with_ms": ours,
             "speedup": base / ours, "max_abs_diff": diff,
             "compile_s": (seconds[False], seconds[True])}
-
-
-def main(argv: list[str] | None = None) -> None:
-    use_physical_cores()
-    parser = argparse.ArgumentParser(prog="python -m tvm_fusion.layout.measure")
-    parser.add_argument("what", choices=("counts", "time"))
-    parser.add_argument("models", nargs="+", type=Path)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--strategy", default="dnnfusion,tvm",
-                        help="time: groupings to measure the elimination under (comma list)")
-    args = parser.parse_args(argv)
-    warnings.simplefilter("default")
-    if args.what == "counts":
-        print("| model | stock TVM kernels | stock data-movement | tvm_fusion (no layout) | "
-              "data-movement | tvm_fusion + SmartMem | data-movement | Fixed ops eliminated "
-              "| layout copies |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for path in args.models:
-            r = count_row(path)
-            print(f"| {r['model']} | {r['stock']} | {r['stock_moves']} | {r['dnnfusion']} | "
-                  f"{r['dnnfusion_moves']} | {r['smartmem']} | {r['smartmem_moves']} | "
-                  f"{r['eliminated']} | {r['copies']} |", flush=True)
-    else:
-        print("| model | grouping | without elimination (ms) | with elimination (ms) | "
-              "speedup | max abs diff |")
-        print("|---|---|---|---|---|---|")
-        for path in args.models:
-            for strategy in args.strategy.split(","):
-                r = time_row(path, args.rounds, strategy)
-                print(f"| {r['model']} | {_GROUPING[strategy]} | {r['without_ms']:.1f} | "
-                      f"{r['with_ms']:.1f} | "
-                      f"{r['speedup']:.2f}× | {r['max_abs_diff']:.1e} |", flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,23 +1,23 @@
 """Measure rewriting on ONNX models: FLOPs and kernel counts with and without it.
 
-Run as ``python -m tvm_fusion.relay_passes.rewrite.measure models/*.onnx [--check]``; it
-prints one Markdown table row per model (the table in ``docs/rewrite.md``). Kernel counts are
-``count_kernels(fuse(mod, "llvm", strategy))`` for the DNNFusion planner and for stock TVM
-``FuseOps``, on the imported module and on the rewritten one. ``--check`` also compiles the
-rewritten module with ``compile_model`` (``--option key=value`` passes pipeline options, e.g.
-``schedule=false``) and compares it with ONNX Runtime (rtol 1e-3).
+:func:`measure` gives one Markdown table row per model (the table in ``docs/rewrite.md``; the
+command is ``scripts/measure_rewrite.py``). Kernel counts are ``count_kernels(fuse(mod, "llvm",
+strategy))`` for the DNNFusion planner and for stock TVM ``FuseOps``, on the imported module
+and on the rewritten one. ``check=True`` also compiles the rewritten module with
+``compile_model`` (``options`` are pipeline options, e.g. ``schedule=False``) and compares it
+with ONNX Runtime (rtol 1e-3).
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 import warnings
 from pathlib import Path
 
 from ...compile import compile_model, count_kernels, fuse, graph_input_names, import_onnx, load_onnx
 from ...compile import run as run_executable
-from ...testing import compare, onnx_reference, random_inputs
+from ...feeds import random_inputs
+from ...numerics import compare, onnx_reference
 from .math_properties import RULES, RewriteByMathProperties
 
 HEADER = ("| model | FLOPs before | FLOPs after | saved | rewrites (rules) | rewrite s "
@@ -67,32 +67,3 @@ def rules_markdown() -> str:
         lines.append(f"| `{rule.name}`{kind} | {rule.prop} | {rows} | {rule.lhs} → {rule.rhs} "
                      f"| {rule.flops} | {pre} | {tol} |")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("models", nargs="*", type=Path)
-    parser.add_argument("--rules", action="store_true", help="print the rule table and exit")
-    parser.add_argument("--check", action="store_true", help="compare with ONNX Runtime")
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a compile_model option for --check (true/false/int/str)")
-    args = parser.parse_args(argv)
-    if args.rules:
-        print(rules_markdown())
-        return
-    options = dict(_option(text) for text in args.option)
-    print(HEADER, flush=True)
-    for path in args.models:
-        print(measure(path, args.check, options), flush=True)
-
-
-def _option(text: str) -> tuple[str, object]:
-    key, _, value = text.partition("=")
-    lowered = value.lower()
-    if lowered in ("true", "false"):
-        return key, lowered == "true"
-    return key, int(value) if value.lstrip("-").isdigit() else value
-
-
-if __name__ == "__main__":
-    main()

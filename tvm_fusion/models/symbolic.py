@@ -1,5 +1,5 @@
-"""ONNX models with symbolic (``dim_param``) batch and sequence dimensions, built with
-``onnx.helper`` for tests/test_symbolic.py: the shapes every LLM and dynamic-batch export has."""
+"""ONNX models with symbolic (``dim_param``) batch and sequence dimensions: the shapes every
+LLM and dynamic-batch export has (tests/test_symbolic.py, scripts/bench_host_target.py)."""
 
 from __future__ import annotations
 
@@ -7,45 +7,38 @@ import math
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
-OPSET = 17
+from .graph import GraphBuilder, value_info
+
+__all__ = ["MODELS", "conv_net", "decoder_block", "encoder_layer", "mlp", "nms_model"]
+
 HIDDEN = 64
 HEADS = 4
 
 
-class _Builder:
-    def __init__(self, seed: int = 0):
+class _Builder(GraphBuilder):
+    """Numbered names: ``c<n>`` for constants, ``<op><n>_<i>`` for node outputs."""
+
+    def __init__(self, name: str, seed: int = 0):
+        super().__init__(name)
         self.rng = np.random.default_rng(seed)
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self.count = 0
 
     def const(self, value, dtype=np.float32) -> str:
-        self.count += 1
-        name = f"c{self.count}"
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
-        return name
+        return self.add_initializer(self.fresh("c"), value, dtype)
 
     def weight(self, *shape: int) -> str:
         return self.const(self.rng.standard_normal(shape) / math.sqrt(shape[0]))
 
     def node(self, op: str, *inputs: str, n_out: int = 1, **attrs) -> str | list[str]:
-        self.count += 1
-        outs = [f"{op.lower()}{self.count}_{i}" for i in range(n_out)]
-        self.nodes.append(helper.make_node(op, list(inputs), outs, **attrs))
+        stem = self.fresh(op.lower())
+        outs = self.add_node(op, inputs, [f"{stem}_{i}" for i in range(n_out)], **attrs)
         return outs[0] if n_out == 1 else outs
 
-    def model(self, name: str, inputs, outputs) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-        model.ir_version = 8
-        onnx.checker.check_model(model, full_check=True)
-        return model
-
-
-def _io(name: str, shape, elem=TensorProto.FLOAT) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem, shape)
+    def model(self, inputs, outputs) -> onnx.ModelProto:
+        self.inputs.extend(inputs)
+        self.outputs.extend(outputs)
+        return super().model()
 
 
 def _rename_last(b: _Builder, out: str) -> None:
@@ -54,13 +47,13 @@ def _rename_last(b: _Builder, out: str) -> None:
 
 def mlp(seed: int = 0) -> onnx.ModelProto:
     """MatMul + Add + ReLU on x[batch, seq, 64]."""
-    b = _Builder(seed)
+    b = _Builder("mlp", seed)
     y = b.node("MatMul", "x", b.weight(HIDDEN, HIDDEN))
     y = b.node("Add", y, b.const(0.1 * b.rng.standard_normal(HIDDEN)))
     b.node("Relu", y)
     _rename_last(b, "y")
-    return b.model("mlp", [_io("x", ["batch", "seq", HIDDEN])],
-                   [_io("y", ["batch", "seq", HIDDEN])])
+    return b.model([value_info("x", ["batch", "seq", HIDDEN])],
+                   [value_info("y", ["batch", "seq", HIDDEN])])
 
 
 def _linear(b: _Builder, x: str, n_in: int, n_out: int) -> str:
@@ -104,7 +97,7 @@ def _attention(b: _Builder, x: str, mask: str | None, causal: bool) -> str:
 def encoder_layer(seed: int = 0, ffn: int = 128) -> onnx.ModelProto:
     """Post-LN BERT layer on x[batch, seq, 64] with an additive mask[batch, 1, 1, seq]:
     attention, LayerNormalization, FFN with Gelu written out (Div, Erf, Add, Mul, Mul)."""
-    b = _Builder(seed)
+    b = _Builder("encoder_layer", seed)
     a = _attention(b, "x", "mask", causal=False)
     h = _layer_norm(b, b.node("Add", a, "x"))
     f = _linear(b, h, HIDDEN, ffn)
@@ -113,16 +106,15 @@ def encoder_layer(seed: int = 0, ffn: int = 128) -> onnx.ModelProto:
     f = _linear(b, e, ffn, HIDDEN)
     _layer_norm(b, b.node("Add", f, h))
     _rename_last(b, "y")
-    mask = helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", 1, 1, "seq"])
-    mask.doc_string = "additive_mask"
-    return b.model("encoder_layer", [_io("x", ["batch", "seq", HIDDEN]), mask],
-                   [_io("y", ["batch", "seq", HIDDEN])])
+    mask = value_info("mask", ["batch", 1, 1, "seq"], doc="additive_mask")
+    return b.model([value_info("x", ["batch", "seq", HIDDEN]), mask],
+                   [value_info("y", ["batch", "seq", HIDDEN])])
 
 
 def decoder_block(seed: int = 0, ffn: int = 128) -> onnx.ModelProto:
     """Pre-LN GPT block on x[batch, seq, 64]: causal self-attention (Trilu + Where on the
     scores' shape), residuals, FFN with Tanh-Gelu-like Sigmoid gating."""
-    b = _Builder(seed)
+    b = _Builder("decoder_block", seed)
     a = _attention(b, _layer_norm(b, "x"), None, causal=True)
     h = b.node("Add", "x", a)
     f = _linear(b, _layer_norm(b, h), HIDDEN, ffn)
@@ -130,14 +122,14 @@ def decoder_block(seed: int = 0, ffn: int = 128) -> onnx.ModelProto:
     f = _linear(b, f, ffn, HIDDEN)
     b.node("Add", h, f)
     _rename_last(b, "y")
-    return b.model("decoder_block", [_io("x", ["batch", "seq", HIDDEN])],
-                   [_io("y", ["batch", "seq", HIDDEN])])
+    return b.model([value_info("x", ["batch", "seq", HIDDEN])],
+                   [value_info("y", ["batch", "seq", HIDDEN])])
 
 
 def conv_net(seed: int = 0) -> onnx.ModelProto:
     """Conv-BN-ReLU, depthwise conv, MaxPool, 1x1 conv, GlobalAveragePool and Gemm on
     x[batch, 3, 32, 32]."""
-    b = _Builder(seed)
+    b = _Builder("conv_net", seed)
     y = b.node("Conv", "x", b.weight(16, 3, 3, 3), b.const(np.zeros(16)), pads=[1, 1, 1, 1])
     y = b.node("BatchNormalization", y, b.const(np.ones(16)), b.const(0.1 * np.ones(16)),
                b.const(np.zeros(16)), b.const(np.ones(16)))
@@ -150,22 +142,22 @@ def conv_net(seed: int = 0) -> onnx.ModelProto:
     y = b.node("Flatten", b.node("GlobalAveragePool", y))
     b.node("Gemm", y, b.weight(32, 10), b.const(np.zeros(10)))
     _rename_last(b, "y")
-    return b.model("conv_net", [_io("x", ["batch", 3, 32, 32])], [_io("y", ["batch", 10])])
+    return b.model([value_info("x", ["batch", 3, 32, 32])], [value_info("y", ["batch", 10])])
 
 
 def nms_model(seed: int = 0) -> onnx.ModelProto:
     """A detector tail: boxes[1, num_boxes, 4] decoded from offsets, Sigmoid scores, then
     NonMaxSuppression (selected indices [num_selected, 3])."""
-    b = _Builder(seed)
+    b = _Builder("nms", seed)
     boxes = b.node("Add", "anchors", b.node("Mul", "offsets", b.const(0.1)))
     scores = b.node("Sigmoid", "logits")
     b.node("NonMaxSuppression", boxes, scores, b.const([5], np.int64), b.const([0.5]),
            b.const([0.2]))
     _rename_last(b, "selected")
-    return b.model("nms", [_io("anchors", [1, "num_boxes", 4]),
-                           _io("offsets", [1, "num_boxes", 4]),
-                           _io("logits", [1, 2, "num_boxes"])],
-                   [_io("selected", ["num_selected", 3], TensorProto.INT64)])
+    return b.model([value_info("anchors", [1, "num_boxes", 4]),
+                    value_info("offsets", [1, "num_boxes", 4]),
+                    value_info("logits", [1, 2, "num_boxes"])],
+                   [value_info("selected", ["num_selected", 3], TensorProto.INT64)])
 
 
 MODELS = {"mlp": mlp, "encoder_layer": encoder_layer, "decoder_block": decoder_block,

@@ -1,4 +1,4 @@
-"""Built-in demo models, built with ``onnx.helper`` so that no model files are needed.
+"""Built-in demo models, built in code so that no model files are needed.
 
 The models are the fixed regression inputs of the fusion passes: a BERT-style encoder layer in the
 shape PyTorch/TinyBERT exports it (decomposed LayerNorm and Gelu, which is where DNNFusion's
@@ -14,10 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
-OPSET = 17
-IR_VERSION = 8
+from .graph import GraphBuilder
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -27,52 +25,38 @@ __all__ = [
 ]
 
 
-class _GraphBuilder:
-    """Collects nodes and initializers; keeps the model builders short and names unique."""
+class _Builder(GraphBuilder):
+    """Named nodes whose output is the node's name, unique names, seeded weights."""
 
-    def __init__(self, seed: int):
+    def __init__(self, name: str, seed: int):
+        super().__init__(name)
         self.rng = np.random.default_rng(seed)
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
         self._names: set[str] = set()
 
-    def const(self, name: str, value) -> str:
-        arr = np.asarray(value)
-        if arr.dtype == np.float64:
-            arr = arr.astype(np.float32)
+    def _claim(self, name: str) -> str:
         assert name not in self._names, name
         self._names.add(name)
-        self.inits.append(numpy_helper.from_array(arr, name))
         return name
+
+    def const(self, name: str, value) -> str:
+        return self.add_initializer(self._claim(name), value)
 
     def weight(self, name: str, shape: tuple[int, ...], fan_in: int) -> str:
         """Random weight scaled by 1/sqrt(fan_in) so activations stay O(1) through the layer."""
         w = self.rng.standard_normal(shape) / math.sqrt(fan_in)
         return self.const(name, w.astype(np.float32))
 
-    def node(
-        self, op: str, inputs: list[str], name: str, n_out: int = 1, **attrs
-    ) -> str | list[str]:
-        assert name not in self._names, name
-        self._names.add(name)
+    def node(self, op: str, inputs: list[str], name: str, n_out: int = 1,
+             **attrs) -> str | list[str]:
         outs = [name] if n_out == 1 else [f"{name}_{i}" for i in range(n_out)]
-        self.nodes.append(helper.make_node(op, inputs, outs, name=name, **attrs))
+        self.add_node(op, inputs, outs, name=self._claim(name), **attrs)
         return outs[0] if n_out == 1 else outs
 
-    def model(self, name: str, inputs, outputs, doc: str = "") -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.inits)
-        model = helper.make_model(
-            graph,
-            opset_imports=[helper.make_opsetid("", OPSET)],
-            producer_name="tvm_fusion.models",
-            doc_string=doc,
-        )
-        model.ir_version = IR_VERSION
-        onnx.checker.check_model(model, full_check=True)
-        return model
+    def model(self, doc: str) -> onnx.ModelProto:
+        return super().model(producer="tvm_fusion.models", doc=doc)
 
 
-def _layer_norm(g: _GraphBuilder, x: str, hidden: int, prefix: str) -> str:
+def _layer_norm(g: _Builder, x: str, hidden: int, prefix: str) -> str:
     """LayerNorm written out node by node, exactly as TinyBERT's PyTorch export has it."""
     mean = g.node("ReduceMean", [x], f"{prefix}.mean", axes=[-1], keepdims=1)
     centered = g.node("Sub", [x, mean], f"{prefix}.sub")
@@ -87,7 +71,7 @@ def _layer_norm(g: _GraphBuilder, x: str, hidden: int, prefix: str) -> str:
     return g.node("Add", [scaled, beta], f"{prefix}.add_beta")
 
 
-def _linear(g: _GraphBuilder, x: str, n_in: int, n_out: int, prefix: str) -> str:
+def _linear(g: _Builder, x: str, n_in: int, n_out: int, prefix: str) -> str:
     """PyTorch ``nn.Linear`` export: MatMul with a [in, out] weight, then Add(bias)."""
     w = g.weight(f"{prefix}.weight", (n_in, n_out), n_in)
     b = g.const(f"{prefix}.bias", 0.02 * g.rng.standard_normal(n_out))
@@ -107,7 +91,7 @@ def transformer_encoder_layer(
 
     Inputs are ``x`` [1, seq, hidden] and, when ``mask_input``, an additive attention mask
     ``mask`` [1, 1, 1, seq] (0 = attend, -1e4 = masked; its ``doc_string`` carries the
-    ``additive_mask`` hint that :func:`tvm_fusion.testing.random_inputs` honours). With
+    ``additive_mask`` hint that :func:`tvm_fusion.feeds.random_inputs` honours). With
     ``mask_input=False`` the mask is a constant that masks the last quarter of the positions.
     The output ``y`` has the shape of ``x``. Decomposed LayerNorm (ReduceMean, Sub, Pow,
     ReduceMean, Add, Sqrt, Div, Mul, Add) and Gelu (Div, Erf, Add, Mul, Mul) are what make the
@@ -116,16 +100,10 @@ def transformer_encoder_layer(
     if hidden % heads:
         raise ValueError(f"hidden={hidden} is not divisible by heads={heads}")
     d = hidden // heads
-    g = _GraphBuilder(seed)
-    x = "x"
-    inputs = [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, seq, hidden])]
+    g = _Builder("transformer_encoder_layer", seed)
+    x = g.add_input("x", [1, seq, hidden])
     if mask_input:
-        mask = "mask"
-        inputs.append(
-            helper.make_tensor_value_info(
-                mask, TensorProto.FLOAT, [1, 1, 1, seq], doc_string="additive_mask"
-            )
-        )
+        mask = g.add_input("mask", [1, 1, 1, seq], doc="additive_mask")
     else:
         m = np.zeros((1, 1, 1, seq), np.float32)
         m[..., seq - seq // 4 :] = -1e4
@@ -167,10 +145,8 @@ def transformer_encoder_layer(
     g.nodes[-1].output[0] = "y"  # the last LayerNorm Add writes the graph output directly
     assert out == g.nodes[-1].name
 
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, hidden])]
-    return g.model(
-        "transformer_encoder_layer", inputs, outputs, doc=transformer_encoder_layer.__doc__
-    )
+    g.add_output("y", [1, seq, hidden])
+    return g.model(transformer_encoder_layer.__doc__)
 
 
 def figure3_graph(channels: int = 16, size: int = 8, seed: int = 0) -> onnx.ModelProto:
@@ -194,25 +170,21 @@ def figure3_graph(channels: int = 16, size: int = 8, seed: int = 0) -> onnx.Mode
       GEMM stays alone;
     * result: blocks {Add, Conv, Relu, Mul, Sub} (type M2M) and {MatMul}.
     """
-    g = _GraphBuilder(seed)
+    g = _Builder("figure3", seed)
     shape = [1, channels, size, size]
-    inputs = [
-        helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-        for name in ("X", "Y", "Z", "Z2")
-    ]
+    for name in ("X", "Y", "Z", "Z2"):
+        g.add_input(name, shape)
     w = g.weight("W", (size, size), size)
     wc = g.weight("conv.weight", (channels, channels, 3, 3), channels * 9)
     gemm = g.node("MatMul", ["X", w], "gemm")
     add = g.node("Add", [gemm, "Y"], "add")
     conv = g.node("Conv", [add, wc], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
-    g.nodes.append(helper.make_node("Relu", [conv], ["out_relu"], name="relu"))
-    g.nodes.append(helper.make_node("Mul", [conv, "Z"], ["out_mul"], name="mul"))
-    g.nodes.append(helper.make_node("Sub", [conv, "Z2"], ["out_sub"], name="sub"))
-    outputs = [
-        helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-        for name in ("out_relu", "out_mul", "out_sub")
-    ]
-    return g.model("figure3", inputs, outputs, doc=figure3_graph.__doc__)
+    g.add_node("Relu", [conv], ["out_relu"], name="relu")
+    g.add_node("Mul", [conv, "Z"], ["out_mul"], name="mul")
+    g.add_node("Sub", [conv, "Z2"], ["out_sub"], name="sub")
+    for name in ("out_relu", "out_mul", "out_sub"):
+        g.add_output(name, shape)
+    return g.model(figure3_graph.__doc__)
 
 
 BUILTIN_MODELS: dict[str, Callable[..., onnx.ModelProto]] = {

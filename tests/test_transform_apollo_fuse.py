@@ -8,8 +8,9 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from tvm_fusion.relay_passes.apollo.feedback import ApolloFuse
+from tvm_fusion.relay_passes.apollo.feedback import ApolloFuse, Blocklist, plan_module_apollo
 from tvm_fusion.relay_passes.apollo.partition import ApolloOptions
+from tvm_fusion.relay_passes.rejection import RejectReason
 
 CPU = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 2})
 OPTIONS = ApolloOptions(cores=2)  # Layer III's occupancy estimate, not this machine's
@@ -89,11 +90,16 @@ def test_elementwise_pair_is_fused_and_scheduled_as_one_loop_nest():
 
 def test_a_failing_schedule_splits_the_partition_back():
     """Feedback: the fused function's schedule fails (injected), the merge that built it is
-    undone and the module is re-planned: the two operators come back as they were."""
+    undone and the module is re-planned: the two operators come back as they were, and the
+    blocklisted merge is a rejection typed as a schedule failure."""
+    blocklist = Blocklist()  # in memory
     with CPU:
-        after = ApolloFuse(OPTIONS, schedule=False, rounds=2,
+        after = ApolloFuse(OPTIONS, schedule=False, rounds=2, blocklist=blocklist,
                            fail_hook=lambda name, _func: name == "fused_add_relu")(_add_relu())
     tvm.ir.assert_structural_equal(after, _add_relu())
+    (plan,) = plan_module_apollo(_add_relu(), OPTIONS, blocklist=blocklist).plans.values()
+    assert [(r.first, r.second, r.reason) for r in plan.rejections] == [
+        ("lv0=add[O2O]", "gv=relu[O2O]", RejectReason.SCHEDULE_FAILURE)]
 
 
 def test_independent_kernels_are_packed_into_one():

@@ -9,7 +9,8 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from tvm_fusion.relay_passes.plan_fusion import PlanFusion
+from tvm_fusion.relay_passes.plan_fusion import PlanFusion, plan_module
+from tvm_fusion.relay_passes.rejection import RejectReason
 
 
 def _before() -> tvm.IRModule:
@@ -130,6 +131,14 @@ def test_elementwise_ops_join_the_second_matmul_and_the_first_stays_alone():
     before = _before()
     tvm.ir.assert_structural_equal(PlanFusion()(before), Expected)
     tvm.ir.assert_structural_equal(before, _before())  # the input is left as it was
+
+
+def test_the_cut_is_recorded_with_its_typed_reason():
+    """The planner's record of that cut, read from the planner itself."""
+    (plan,) = plan_module(_before()).plans.values()
+    assert [(r.first, r.second, r.reason) for r in plan.rejections] == [
+        ("lv0=matmul[M2M]", "lv1=tir_exp[O2O]", RejectReason.RED_CELL)]
+    assert plan.rejections[0].describe() == "[red_cell] Table 3 red: block M2M then M2M"
 
 
 def test_tvm_strategy_is_stock_fuse_ops():

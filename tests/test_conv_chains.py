@@ -15,6 +15,7 @@ from tvm_fusion.feeds import random_inputs
 from tvm_fusion.models.conv_chains import chain_model, miso_model, simo_model
 from tvm_fusion.numerics import compare
 from tvm_fusion.relay_passes import optifx as cc
+from tvm_fusion.relay_passes.rejection import RejectReason
 from tvm_fusion.tir_schedules.optifx import CHAIN_ATTR, choose_band, choose_tile, halo_extent
 from tvm_fusion.tir_utils import find_all
 
@@ -219,6 +220,7 @@ def test_measured_times_override_the_cost_model():
     halo_ecg, halo_mod = _ecg_of(chain_model(8, 12, CASES["3x3-3x3"][2]))
     rule_only = cc.choose_chains(halo_ecg, "cost_model", mod=halo_mod)
     assert not any(d.chosen for d in rule_only)
+    assert {d.rejected for d in rule_only} == {RejectReason.PROFITABILITY}
     faster = cc.choose_chains(halo_ecg, "cost_model", mod=halo_mod,
                               latency=lambda c: (1e-6, 2e-6, "timed"))
     assert [d.chosen for d in faster] == [True] and "measured, timed" in faster[0].reason
@@ -227,6 +229,7 @@ def test_measured_times_override_the_cost_model():
     slower = cc.choose_chains(tail_ecg, "cost_model", mod=tail_mod,
                               latency=lambda c: (3e-6, 2e-6, "timed"))
     assert not any(d.chosen for d in slower)
+    assert {d.rejected for d in slower} == {RejectReason.PROFITABILITY}
 
 
 def test_chains_are_timed_once_into_the_profiling_database(tmp_path):

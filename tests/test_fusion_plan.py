@@ -12,6 +12,7 @@ from tvm_fusion.compile import count_kernels, fuse, import_onnx
 from tvm_fusion.models import figure3_graph, transformer_encoder_layer
 from tvm_fusion.relay_passes.fusion_table import Colour, FusionTable
 from tvm_fusion.relay_passes.mapping_type import MappingType as MT
+from tvm_fusion.relay_passes.rejection import RejectReason
 
 # ----------------------------------------------------------------------------------- Table 3
 
@@ -69,7 +70,8 @@ def test_figure3_plan():
     assert sorted(_block_ops(default)) == [
         ["add", "matmul"], ["conv2d", "multiply", "relu", "subtract"]]
     assert plan.blocks[[len(b) for b in plan.blocks].index(5)].mapping_type is MT.MANY_TO_MANY
-    assert any("red" in r.reason and "matmul" in r.first for r in plan.rejections)
+    assert any(r.reason is RejectReason.RED_CELL and "matmul" in r.first
+               for r in plan.rejections)
     assert count_kernels(fused) == 2
     assert count_kernels(fuse(import_onnx(model), TARGET, strategy="tvm")) == 5
     check_model(model, rtol=1e-4, atol=1e-4)
@@ -117,7 +119,7 @@ def test_no_cycle_through_outside_operator():
     plan, _ = _plan(model)
     blocks = _block_ops(plan)
     assert not any("relu" in ops and "add" in ops for ops in blocks)
-    assert any("cycle" in r.reason or "opaque" in r.reason for r in plan.rejections)
+    assert any(r.reason in (RejectReason.CYCLE, RejectReason.OPAQUE) for r in plan.rejections)
     check_model(model)
 
 

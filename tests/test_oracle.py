@@ -24,6 +24,7 @@ from tvm_fusion.models import transformer_encoder_layer
 from tvm_fusion.relay_passes.fusion_plan import AnalyticOracle
 from tvm_fusion.relay_passes.mapping_type import AnnotateMappingType
 from tvm_fusion.relay_passes.plan_fusion import apply_plan
+from tvm_fusion.relay_passes.rejection import RejectReason
 from tvm_fusion.transform import legalize_passes
 from tvm_fusion.tuning.candidate import FUSED
 from tvm_fusion.tuning.cost_model import LatencyModel
@@ -118,7 +119,8 @@ def test_seeded_database_flips_a_yellow_decision(tmp_path):
     assert not yellow.decision.fuse and yellow.decision.source == "db"
     assert "fused 2000.0 us vs split 1000.0 us" in yellow.decision.detail
     assert plan.num_kernels == 2
-    assert any("yellow, db says slower" in r.reason for r in plan.rejections)
+    assert any(r.reason is RejectReason.PROFITABILITY and r.detail.startswith("yellow, db says")
+               for r in plan.rejections)
     assert count_kernels(relax.transform.FuseTIR()(apply_plan(mod, module_plan))) == 2
     assert oracle.counts == {"db": 1}
     phone = ProfilingOracle(db, mode="db", target=TARGET, device_key="phone-7")

@@ -55,18 +55,19 @@ def test_why_groups_repeated_rejections(tmp_path):
     body = lines[start + 1:end]
     assert len(body) == 12
     # both LayerNorms' mean-subtract -> power rejection: one line, counted twice
-    assert ("      2x fused_mean_subtract[M2M] -> power[O2O]: Table 3 red: block M2M then M2M"
-            in body)
+    assert ("      2x fused_mean_subtract[M2M] -> power[O2O]: [red_cell] Table 3 red: block M2M "
+            "then M2M" in body)
     assert sum(int(line.split("x", 1)[0]) for line in body) == 14
     assert not any("lv" in line.split(":")[0] for line in body)  # no Relax variables
 
 
 def test_group_rejections_counts_patterns():
     rows = [{"first": f"lv{i}=fused_matmul{i}_add[M2M]", "second": f"lv{i + 1}=softmax[M2M]",
-             "reason": "Table 3 red"} for i in range(3)]
-    rows.append({"first": "lv9=conv2d[M2M]", "second": "lv10=relu1[O2O]", "reason": "cycle"})
+             "reason": "red_cell", "detail": "Table 3 red"} for i in range(3)]
+    rows.append({"first": "lv9=conv2d[M2M]", "second": "lv10=relu1[O2O]", "reason": "cycle",
+                 "detail": "cycle"})
     assert group_rejections(rows) == {
-        ("fused_matmul_add[M2M]", "softmax[M2M]", "Table 3 red"): 3,
-        ("conv2d[M2M]", "relu[O2O]", "cycle"): 1}
+        ("fused_matmul_add[M2M]", "softmax[M2M]", "[red_cell] Table 3 red"): 3,
+        ("conv2d[M2M]", "relu[O2O]", "[cycle] cycle"): 1}
     assert operator_kind("fused_mean_add4_tir_sqrt_divide_multiply_add2[M2M]") == \
         "fused_mean_add_tir_sqrt_divide_multiply_add[M2M]"

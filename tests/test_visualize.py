@@ -9,6 +9,7 @@ import pytest
 
 from tvm_fusion.cli import main
 from tvm_fusion.models import get_builtin
+from tvm_fusion.relay_passes.rejection import describe
 from tvm_fusion.report import make_report
 from tvm_fusion.visualize import picture
 
@@ -51,7 +52,7 @@ def test_every_rejection_reason_is_on_an_edge_and_in_the_table(drawn):
     ours = _view(page, "tvm_fusion")
     table = page[page.index("<table>"):page.index("</table>")]
     for r in report.rejections:
-        reason = html.escape(r["reason"], quote=True)
+        reason = html.escape(describe(r["reason"], r["detail"]), quote=True)
         assert f": {reason}</title>" in ours, r
         assert f"<td>{reason}</td>" in table, r
     assert table.count("<tr data-edge=") == ours.count('class="cut"')

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from tvm_fusion.models import get_builtin
+from tvm_fusion.relay_passes.rejection import describe
 from tvm_fusion.report import make_report
 from tvm_fusion.visualize import picture
 
@@ -100,7 +101,7 @@ def test_page_in_headless_chromium(page):
     # clicking a rejected edge selects it and shows its reason in the table
     assert r["edge_selected"]
     assert r["row_reason"] and r["edge_title"].endswith(": " + r["row_reason"])
-    assert r["row_reason"] in {x["reason"] for x in report.rejections}
+    assert r["row_reason"] in {describe(x["reason"], x["detail"]) for x in report.rejections}
     assert r["visible_after_toggle"] == "stock"
     assert r["open_ms"] < 3000  # issue 25: opens in under 3 s
 

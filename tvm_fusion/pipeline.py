@@ -52,6 +52,7 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         [dl.gpu.GeneralReduction(), dl.gpu.Fallback()],
         [dl.gpu.Fallback()],
     ]
+    mod = mod.clone()  # a pass leaves the module it was given as it was
     for gvar, func in list(mod.functions.items()):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue

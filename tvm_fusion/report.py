@@ -3,8 +3,8 @@
 Per model: operators, kernels after stock FuseOps, kernels after tvm_fusion, the anchor bound
 (Many-to-Many plus Opaque operators: the fewest kernels when each holds one of them),
 intermediate-result bytes before and after, every fusion block with its mapping types, the
-reason every rejected pair was rejected, and the numerical check against the stock build and the
-ONNX reference.
+typed reason every rejected pair was rejected for, and the numerical check against the stock
+build and the ONNX reference.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from .compile import (
 from .feeds import random_inputs, run_shapes
 from .numerics import compare, max_abs_error, onnx_reference, tolerance_for
 from .relay_passes.plan_fusion import ModulePlan
+from .relay_passes.rejection import describe
 
 
 @dataclass
@@ -54,7 +55,7 @@ class ModelReport:
     rules_fired: dict = field(default_factory=dict)
     rewrite_symbolic_skipped: int = 0  # operators rewriting left alone: a symbolic shape
     blocks: list[BlockRow] = field(default_factory=list)
-    rejections: list[dict] = field(default_factory=list)
+    rejections: list[dict] = field(default_factory=list)  # first, second, reason, detail
     yellow: list[dict] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)
     feedback: list[str] = field(default_factory=list)  # strategy="apollo": scheduler feedback
@@ -132,7 +133,8 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
             report.blocks.append(BlockRow(kernel, block.mapping_type.short,
                                           [f"{n.op_name}[{n.mapping_type.short}]" for n in nodes]))
             kernel += 1
-        report.rejections += [asdict(r) for r in plan.rejections]
+        report.rejections += [{"first": r.first, "second": r.second, "reason": r.reason.value,
+                               "detail": r.detail} for r in plan.rejections]
         report.yellow += [{"first": y.first, "second": y.second, "fuse": y.decision.fuse,
                            "decided_by": y.decision.source, "detail": y.decision.detail}
                           for y in plan.yellow]
@@ -249,11 +251,12 @@ def format_report(report: ModelReport, why: bool = False) -> str:
                          f"{_mb(c['bytes_saved'])} saved, "
                          f"{'measured' if c.get('measured') else 'modelled'} "
                          f"{c['modelled_speedup']:.2f}x"
-                         + ("" if c["chosen"] else f"; not fused: {c['reason']}"))
+                         + ("" if c["chosen"] else
+                            f"; not fused: {describe(c['rejected'], c['reason'])}"))
     if why:
         groups = group_rejections(report.rejections)
         lines.append(f"  rejected pairs: {len(report.rejections)}, in {len(groups)} patterns "
-                     f"(count, producer -> consumer kind: reason; JSON lists every pair)")
+                     "(count, producer -> consumer kind: [reason] detail; JSON lists every pair)")
         for (first, second, reason), count in groups.items():
             lines.append(f"    {count:3d}x {first} -> {second}: {reason}")
         lines.append("  yellow (fuse_depend) decisions:")
@@ -265,12 +268,13 @@ def format_report(report: ModelReport, why: bool = False) -> str:
 
 
 def group_rejections(rejections: list[dict]) -> dict[tuple[str, str, str], int]:
-    """Rejected pairs by pattern (producer kind, consumer kind, reason) with their counts, in
-    order of first appearance: a transformer's layers repeat the same rejection per layer,
-    which as one line each buried the few distinct reasons (BERT-base: 159 lines)."""
+    """Rejected pairs by pattern (producer kind, consumer kind, ``[reason] detail``) with their
+    counts, in order of first appearance: a transformer's layers repeat the same rejection per
+    layer, which as one line each buried the few distinct reasons (BERT-base: 159 lines)."""
     counts: dict[tuple[str, str, str], int] = {}
     for r in rejections:
-        key = (operator_kind(r["first"]), operator_kind(r["second"]), r["reason"])
+        key = (operator_kind(r["first"]), operator_kind(r["second"]),
+               describe(r["reason"], r["detail"]))
         counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -287,6 +291,7 @@ def _chain_row(ecg, decision) -> dict:
     sc = decision.score
     return {"operators": [ecg.nodes[i].op_name for i in decision.candidate.rops],
             "shape": decision.candidate.shape, "chosen": decision.chosen,
+            "rejected": decision.rejected.value if decision.rejected else None,
             "reason": decision.reason, "tile": list(sc.tile), "halo": list(sc.halo),
             "redundant_flops": sc.redundant_flops, "bytes_saved": sc.bytes_saved,
             "modelled_speedup": round(sc.ratio, 3),

@@ -100,7 +100,7 @@ def _rejection_index(plan) -> dict[tuple[int, int], str]:
         for a in by_text.get(r.first, []):
             for b in by_text.get(r.second, []):
                 if b in plan.ecg.nodes[a].succs:
-                    out.setdefault((a, b), r.reason)
+                    out.setdefault((a, b), r.describe())
     return out
 
 

@@ -306,7 +306,10 @@ class _Retype(relax.PyExprMutator):
                 continue
             gvar = self._specialised(value.args[0], per_param)
             new_args = relax.Tuple([self.visit_expr(a) for a in args])
-            new_var = self.builder_.emit(relax.call_tir(gvar, new_args, out_ty), b.var.name)
+            # a block's output stays an output (a DataflowVar would leak out of the block)
+            bind = (self.builder_.emit if isinstance(b.var, relax.DataflowVar)
+                    else self.builder_.emit_output)
+            new_var = bind(relax.call_tir(gvar, new_args, out_ty), b.var.name)
             self.set_var_remap(b.var, new_var)
         return self.builder_._end_block()
 

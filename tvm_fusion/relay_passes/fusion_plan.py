@@ -16,7 +16,8 @@ profitability oracle. Deviations from the listing, each a knob or a documented f
   cycle) is rejected; the paper does not mention cycles, TVM's FuseOps avoids them with
   post-dominators.
 
-Every rejected pair is recorded with its reason, for ``tvm-fusion report --why``.
+Every rejected pair is recorded with its typed reason (:class:`~.rejection.RejectReason`)
+and a detail text, for ``tvm-fusion report --why``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Protocol
 from .ecg import ECG, ECGNode
 from .fusion_table import Colour, FusionTable
 from .mapping_type import MappingType
+from .rejection import Rejection, RejectReason
 
 SEED_POLICIES = ("o2o_then_rest", "paper")
 
@@ -122,15 +124,6 @@ class PlanOptions:
 
 
 @dataclass(frozen=True)
-class Rejection:
-    """Why ``first`` and ``second`` (producer, consumer) ended up in different kernels."""
-
-    first: str
-    second: str
-    reason: str
-
-
-@dataclass(frozen=True)
 class YellowDecision:
     first: str
     second: str
@@ -174,7 +167,7 @@ class _Planner:
         self.block_of: dict[int, int] = {}
         self.blocks: list[FusionBlock] = []
         self.spans: list[tuple[int, int]] = []  # (min, max) index of each finished block
-        self.rejections: dict[tuple[int, int], str] = {}
+        self.rejections: dict[tuple[int, int], tuple[RejectReason, str]] = {}
         self.yellow: list[YellowDecision] = []
 
     # -------------------------------------------------------------------------------- driver
@@ -200,8 +193,8 @@ class _Planner:
                 self._close()
         blocks = sorted(self.blocks, key=lambda b: b.members[0])
         rejections = [
-            Rejection(ecg.nodes[a].describe(), ecg.nodes[b].describe(), why)
-            for (a, b), why in sorted(self.rejections.items())
+            Rejection(ecg.nodes[a].describe(), ecg.nodes[b].describe(), reason, detail)
+            for (a, b), (reason, detail) in sorted(self.rejections.items())
             if self.block_of.get(a) != self.block_of.get(b)
         ]
         return FusionPlan(ecg, blocks, rejections, self.yellow)
@@ -245,8 +238,9 @@ class _Planner:
                     frontier.append(succ)
             for pred in node.preds:
                 if self._leave_for_producer(pred, via=idx):
-                    self.rejections.setdefault(
-                        (pred, idx), "left to be the epilogue of its own Many-to-Many producer")
+                    self.rejections.setdefault((pred, idx), (
+                        RejectReason.EPILOGUE,
+                        "left to be the epilogue of its own Many-to-Many producer"))
                 elif self._try_add(pred, producer_first=False, via=idx):
                     frontier.append(pred)
         self._close()
@@ -281,29 +275,33 @@ class _Planner:
         new = ecg.nodes[idx]
         pair = (via, idx) if producer_first else (idx, via)
 
-        def reject(reason: str) -> bool:
-            self.rejections.setdefault(pair, reason)
+        def reject(reason: RejectReason, detail: str) -> bool:
+            self.rejections.setdefault(pair, (reason, detail))
             return False
 
         if idx in self.block_of:
-            return reject("already in another block")
+            return reject(RejectReason.ALREADY_FUSED, "already in another block")
         if not new.fusible:
-            return reject(f"{new.op_name} is opaque: {new.reason}")
+            return reject(RejectReason.OPAQUE, f"{new.op_name} is opaque: {new.reason}")
         first, second = (blk.mapping_type, new.mapping_type) if producer_first else (
             new.mapping_type, blk.mapping_type)
         cell = self.opt.table.lookup(first, second)
         if cell.colour is Colour.RED:
-            return reject(f"Table 3 red: block {first.short} then {second.short}")
+            return reject(RejectReason.RED_CELL,
+                          f"Table 3 red: block {first.short} then {second.short}")
         if len(blk.members) >= self.opt.max_ops_per_block:
-            return reject(f"constraint: block already has {self.opt.max_ops_per_block} ops")
+            return reject(RejectReason.BLOCK_LIMIT,
+                          f"constraint: block already has {self.opt.max_ops_per_block} ops")
         if self._creates_cycle(idx):
-            return reject("would form a cycle through an operator outside the block")
+            return reject(RejectReason.CYCLE,
+                          "would form a cycle through an operator outside the block")
         if cell.colour is Colour.YELLOW:
             decision = self.opt.oracle.decide(ecg, blk.members, idx, producer_first)
             self.yellow.append(YellowDecision(
                 ecg.nodes[pair[0]].describe(), ecg.nodes[pair[1]].describe(), decision))
             if not decision.fuse:
-                return reject(f"yellow, {decision.source} says slower: {decision.detail}")
+                return reject(RejectReason.PROFITABILITY,
+                              f"yellow, {decision.source} says slower: {decision.detail}")
         blk.members.append(idx)
         blk.mapping_type = cell.fused
         self.members.add(idx)

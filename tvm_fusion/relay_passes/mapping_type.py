@@ -404,6 +404,7 @@ class AnnotateMappingType:
                 {MAPPING_TYPE_ATTR: found.mapping_type.name, "tvm_fusion.mapping_reason":
                  found.reason}
             )
+        mod = mod.clone()  # a pass leaves the module it was given as it was
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod

@@ -40,6 +40,7 @@ from tvm import relax
 
 from .ecg import ECG
 from .mapping_type import MappingType
+from .rejection import Rejection, RejectReason
 
 MODES = ("cost_model", "paper_1.05", "off")
 THETA_OPT = 1.05
@@ -151,8 +152,9 @@ class ChainDecision:
     candidate: ChainCandidate
     score: Score
     chosen: bool
-    reason: str
+    reason: str  # the detail: the cost model's or the measurement's verdict
     names: list[str] = field(default_factory=list)
+    rejected: RejectReason | None = None  # why it was not fused (None: chosen)
 
 
 # ------------------------------------------------------------------------- ROP recognition
@@ -485,7 +487,7 @@ def choose_chains(ecg: ECG, mode: str = "cost_model", platform: Platform | str =
         scored.append((c, sc))
     kept = [(c, s) for c, s in scored if s.keep or not prune]
     if not kept:
-        return [ChainDecision(c, s, False, "pruned: " + s.rule) for c, s in scored]
+        return [_pruned(c, s) for c, s in scored]
     gains = [s.t_fused - s.t_unfused for _, s in kept]  # negative: time saved
 
     def cost(state: frozenset) -> float:
@@ -496,10 +498,15 @@ def choose_chains(ecg: ECG, mode: str = "cost_model", platform: Platform | str =
     for i, (c, s) in enumerate(kept):
         ok = i in chosen
         out.append(ChainDecision(c, s, ok, ("fused: " if ok else "overlaps a better chain: ")
-                                 + s.rule, [ecg.nodes[r].describe() for r in c.rops]))
-    out += [ChainDecision(c, s, False, "pruned: " + s.rule) for c, s in scored if not s.keep
-            and prune]
+                                 + s.rule, [ecg.nodes[r].describe() for r in c.rops],
+                                 None if ok else RejectReason.OVERLAP))
+    out += [_pruned(c, s) for c, s in scored if not s.keep and prune]
     return out
+
+
+def _pruned(cand: ChainCandidate, sc: Score) -> ChainDecision:
+    return ChainDecision(cand, sc, False, "pruned: " + sc.rule,
+                         rejected=RejectReason.PROFITABILITY)
 
 
 def is_pointwise_tail(cand: ChainCandidate, rops: dict[int, RegionOp]) -> bool:
@@ -579,7 +586,7 @@ def blocks_holding(plan, cand: ChainCandidate) -> list[int]:
 def merge_chains_into_plan(plan, decisions: list[ChainDecision]):
     """Merge the DNNFusion blocks holding each chosen chain (the red M2M→M2M cell overridden
     for exactly these blocks). A merge that would form a cycle is refused and recorded."""
-    from .fusion_plan import FusionBlock, Rejection, path_reenters
+    from .fusion_plan import FusionBlock, path_reenters
 
     ecg = plan.ecg
     for dec in decisions:
@@ -590,10 +597,11 @@ def merge_chains_into_plan(plan, decisions: list[ChainDecision]):
         merged = sorted(set().union(*(plan.blocks[b].members for b in ids)))
         if path_reenters(ecg, set(merged), block_of, plan.blocks):
             dec.chosen = False
+            dec.rejected = RejectReason.CYCLE
             dec.reason = "would form a cycle through an operator outside the chain"
             plan.rejections.append(Rejection(ecg.nodes[dec.candidate.rops[0]].describe(),
                                              ecg.nodes[dec.candidate.rops[-1]].describe(),
-                                             "conv chain: " + dec.reason))
+                                             RejectReason.CYCLE, "conv chain: " + dec.reason))
             continue
         new = FusionBlock(merged, MappingType.MANY_TO_MANY, plan.blocks[ids[0]].seed)
         plan.blocks = [b for i, b in enumerate(plan.blocks) if i not in ids] + [new]

@@ -153,6 +153,7 @@ class ScheduleFusedBlocks:
             if not isinstance(func, tirx.PrimFunc) or _skip(func):
                 continue
             updates[gvar] = _schedule_with_fallback(gvar, func, params, self.fast_math)
+        mod = mod.clone()  # a pass leaves the module it was given as it was
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod

@@ -41,7 +41,8 @@ import os
 from dataclasses import dataclass, field
 
 from ..ecg import ECG
-from ..fusion_plan import FusionBlock, FusionPlan, Rejection
+from ..fusion_plan import FusionBlock, FusionPlan
+from ..rejection import Rejection, RejectReason
 from .classify import (  # noqa: F401 (re-exported)
     BC,
     COMPUTE_BOUND,
@@ -158,7 +159,7 @@ class _Apollo:
             n.index: MicroGraph({n.index}, types[n.index]) for n in ecg.nodes}
         self.mg_of = {n.index: n.index for n in ecg.nodes}
         self.types = types
-        self.rejections: dict[tuple[int, int], str] = {}
+        self.rejections: dict[tuple[int, int], tuple[RejectReason, str]] = {}
         self.blocked: list[str] = []
         self.parallel: list[dict] = []
 
@@ -225,21 +226,26 @@ class _Apollo:
                     tp, tc = self.mgs[gp].type, self.mgs[gc].type
                     result = table.get((tp, tc))
                     if result is None:
-                        self.rejections.setdefault((u, v), f"Apollo: no rule {tp} → {tc}")
+                        self.rejections.setdefault((u, v), (
+                            RejectReason.NO_RULE, f"Apollo: no rule {tp} → {tc}"))
                         continue
                     if len(self.mgs[gp].members) + len(self.mgs[gc].members) > self.opt.max_ops:
-                        self.rejections[(u, v)] = f"constraint: more than {self.opt.max_ops} ops"
+                        self.rejections[(u, v)] = (RejectReason.BLOCK_LIMIT,
+                                                   f"constraint: more than {self.opt.max_ops} ops")
                         continue
                     if layer == 2 and not self.consistent(gp, gc, u, v, name):
-                        self.rejections[(u, v)] = (f"Apollo {name}: loop dimensions or row "
-                                                   "tiles differ (consist_dim_and_param)")
+                        self.rejections[(u, v)] = (
+                            RejectReason.DIMENSIONS, f"Apollo {name}: loop dimensions or row "
+                            "tiles differ (consist_dim_and_param)")
                         continue
                     if self.reaches(gp, gc, skip_direct=True):
-                        self.rejections[(u, v)] = "would form a cycle through another micro-graph"
+                        self.rejections[(u, v)] = (
+                            RejectReason.CYCLE, "would form a cycle through another micro-graph")
                         continue
                     sig = self.signature(name, u, v)
                     if self.forbids(sig):
-                        self.rejections[(u, v)] = f"feedback blocklist: {sig}"
+                        self.rejections[(u, v)] = (
+                            RejectReason.SCHEDULE_FAILURE, f"feedback blocklist: {sig}")
                         self.blocked.append(sig)
                         continue
                     merge = Merge(layer, name, tuple(sorted(self.mgs[gp].members)),
@@ -357,7 +363,7 @@ class _Apollo:
                         ok = False
                     self.parallel.append({"pattern": pattern, "kernels": len(chosen),
                                           "fused": ok, **{k2: verdict[k2] for k2 in (
-                                              "gain", "bytes", "reason")}})
+                                              "gain", "bytes", "rejected", "reason")}})
                     if ok:
                         first = chosen[0]
                         for other in chosen[1:]:
@@ -398,8 +404,9 @@ class _Apollo:
             blocks.append(FusionBlock(members, mt, members[0]))
             traces.append(g.trace)
             btypes.append(g.type)
-        rejections = [Rejection(self.ecg.nodes[a].describe(), self.ecg.nodes[b].describe(), why)
-                      for (a, b), why in sorted(self.rejections.items())
+        rejections = [Rejection(self.ecg.nodes[a].describe(), self.ecg.nodes[b].describe(),
+                                reason, detail)
+                      for (a, b), (reason, detail) in sorted(self.rejections.items())
                       if self.mg_of[a] != self.mg_of[b]]
         return ApolloPlan(self.ecg, blocks, rejections, [], types=list(self.types),
                           traces=traces, block_types=btypes, parallel=self.parallel,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..rejection import RejectReason
+
 # ------------------------------------------------------------------------------ Eq. (3)
 
 CPU_BYTES_PER_S = 10e9  # one socket's sustained DRAM bandwidth, order of magnitude
@@ -17,19 +19,21 @@ def parallel_gain(costs: list[dict], budget_bytes: int, max_branches: int = 7) -
     core busy (occupancy 1) gains nothing from a partner but the launch it saves; small kernels
     overlap. Refused outright (the resource check) when there are more than ``max_branches``
     kernels or their combined working set exceeds ``budget_bytes`` (the packed kernel's inputs and
-    outputs must stay cache-resident for the overlap to pay).
+    outputs must stay cache-resident for the overlap to pay). ``rejected`` says why a group is
+    not packed (None when it is), ``reason`` in words.
     """
     k = len(costs)
     nbytes = sum(c["bytes"] for c in costs)
     if k > max_branches:
-        return {"fuse": False, "gain": 0.0, "bytes": nbytes,
+        return {"fuse": False, "gain": 0.0, "bytes": nbytes, "rejected": RejectReason.BLOCK_LIMIT,
                 "reason": f"{k} branches > {max_branches}"}
     if nbytes > budget_bytes:
-        return {"fuse": False, "gain": 0.0, "bytes": nbytes,
+        return {"fuse": False, "gain": 0.0, "bytes": nbytes, "rejected": RejectReason.WORKING_SET,
                 "reason": f"working set {nbytes} B > budget {budget_bytes} B"}
     seq = sum(c["time"] + LAUNCH_S for c in costs)
     par = max(max(c["time"] for c in costs),
               sum(c["time"] * c["occupancy"] for c in costs)) + LAUNCH_S
     gain = seq - par
     return {"fuse": gain > 0, "gain": gain, "bytes": nbytes,
+            "rejected": None if gain > 0 else RejectReason.PROFITABILITY,
             "reason": "Eq. (3) gain > 0" if gain > 0 else "Eq. (3) gain not positive"}

@@ -260,7 +260,7 @@ MODELS = Path(__file__).resolve().parents[1] / "models"
 def test_zoo_apollo_numerics(name):
     path = MODELS / f"{name}.onnx"
     if not path.exists():
-        pytest.skip(f"{path} missing: run scripts/export_models.py")
+        pytest.skip(f"{path} missing: run `python -m tvm_fusion.export_models`")
     from tvm_fusion.compile import load_onnx
 
     model = load_onnx(path)

@@ -105,6 +105,6 @@ def test_resnet50_bottleneck_convs(arm64_device):
 def test_zoo_model(arm64_device, name):
     path = MODELS_DIR / f"{name}.onnx"
     if not path.exists():
-        pytest.skip(f"{path} missing: run `python scripts/export_models.py --only {name}` "
+        pytest.skip(f"{path} missing: run `python -m tvm_fusion.export_models --only {name}` "
                     "(needs pip install -e '.[models]', i.e. torch)")
     check_on_device(arm64_device, load_onnx(path), name, rtol=1e-3, atol=1e-3)

@@ -1,5 +1,5 @@
-"""Real architectures from the model zoo (``scripts/export_models.py``): slow, and skipped when
-a model has not been exported (exporting needs ``pip install -e ".[models]"``)."""
+"""Real architectures from the model zoo (``python -m tvm_fusion.export_models``): slow, and
+skipped when a model has not been exported (exporting needs ``pip install -e ".[models]"``)."""
 
 import os
 from pathlib import Path
@@ -19,7 +19,7 @@ MODELS = ["bert_base", "gpt2", "resnet50", "mobilenet_v2", "efficientnet_b0"]
 def test_kernels_near_anchor_bound_and_numerics(name):
     path = MODELS_DIR / f"{name}.onnx"
     if not path.exists():
-        pytest.skip(f"{path} missing: run `python scripts/export_models.py --only {name}`")
+        pytest.skip(f"{path} missing: run `python -m tvm_fusion.export_models --only {name}`")
     report = make_report(load_onnx(path), name, check=True)  # raises on a numerical mismatch
     assert report.fused_kernels <= 1.05 * report.anchor_bound + 2, report.fused_kernels
     assert report.fused_kernels <= report.stock_kernels

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import export_models
 from .atomic import atomic_write_text
 from .threads import use_physical_cores
 
@@ -157,22 +157,16 @@ def _ort_runner(model, feeds: dict):
 
 
 def _torch_runner(name: str, feeds: dict):
-    """PyTorch eager from the export script's own definition, when torch and it are present."""
-    script = next((p for p in (Path(__file__).resolve().parents[1] / "scripts/export_models.py",
-                               Path.cwd() / "scripts/export_models.py") if p.exists()), None)
-    if script is None or importlib.util.find_spec("torch") is None:
-        raise LookupError("PyTorch or scripts/export_models.py not available")
-    spec_obj = importlib.util.spec_from_file_location("tvm_fusion_export_models", script)
-    module = importlib.util.module_from_spec(spec_obj)
-    sys.modules[spec_obj.name] = module
-    spec_obj.loader.exec_module(module)
-    if name not in module.MODELS:
-        raise LookupError(f"{name} is not in the export script's registry")
+    """PyTorch eager from the exporter's own definition, when torch is installed."""
+    if importlib.util.find_spec("torch") is None:
+        raise LookupError("PyTorch is not installed (pip install 'tvm_fusion[models]')")
+    if name not in export_models.MODELS:
+        raise LookupError(f"{name} is not in the exporter's registry (tvm_fusion.export_models)")
     import torch
 
-    spec = module.MODELS[name]
-    torch.manual_seed(module.SEED)
-    net = module.calibrate(spec.build().eval(), spec)
+    spec = export_models.MODELS[name]
+    torch.manual_seed(export_models.SEED)
+    net = export_models.calibrate(spec.build().eval(), spec)
     torch.set_num_threads(use_physical_cores())
     args = [torch.from_numpy(feeds[i.name]) for i in spec.inputs]
 

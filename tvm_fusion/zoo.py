@@ -1,8 +1,8 @@
 """The model-zoo table (DNNFusion Table 5 analogue): every exported model, stock vs tvm_fusion.
 
-Models are the ``*.onnx`` files of a folder (``models/`` at the repository root, or
-``$TVM_FUSION_MODELS``), as ``scripts/export_models.py`` writes them; the table does not need
-PyTorch. Output: Markdown, JSON and a PNG bar chart of kernels per model.
+Models are the ``*.onnx`` files of a folder (``./models``, or
+``$TVM_FUSION_MODELS``), as ``python -m tvm_fusion.export_models`` writes them; the table does not
+need PyTorch. Output: Markdown, JSON and a PNG bar chart of kernels per model.
 """
 
 from __future__ import annotations
@@ -12,21 +12,16 @@ import os
 from pathlib import Path
 
 from .atomic import atomic_write_text
+from .export_models import models_dir
 from .report import ModelReport, make_report
-
-ENV_MODELS = "TVM_FUSION_MODELS"
-
-
-def models_dir(path: str | os.PathLike | None = None) -> Path:
-    """The zoo folder: ``path``, else ``$TVM_FUSION_MODELS``, else ``./models``."""
-    return Path(path or os.environ.get(ENV_MODELS) or "models")
 
 
 def zoo_models(path: str | os.PathLike | None = None) -> list[Path]:
     folder = models_dir(path)
     found = sorted(folder.glob("*.onnx"))
     if not found:
-        raise ValueError(f"no *.onnx models in {folder}: run `python scripts/export_models.py`")
+        raise ValueError(f"no *.onnx models in {folder}: export the zoo with `python -m "
+                         f"tvm_fusion.export_models` (pip install 'tvm_fusion[models]')")
     return found
 
 

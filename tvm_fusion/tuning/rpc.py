@@ -65,7 +65,8 @@ def tracker_summary(host: str, port: int, timeout_s: float = 10.0) -> dict:
             pass
     except OSError as err:
         raise ValueError(f"--tracker {host}:{port}: cannot reach the RPC tracker ({err}); "
-                         "start one with scripts/rpc_tracker.py") from None
+                         "start one with `python -m tvm.exec.rpc_tracker --port "
+                         f"{port}`, or tune with --local") from None
     try:
         return rpc.connect_tracker(host, port).summary()
     except Exception as err:  # noqa: BLE001 (tvm raises RuntimeError/TVMError/OSError)

@@ -23,8 +23,8 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__.splitlines()[0])
     tune.add_argument("model", help="ONNX file")
     tune.add_argument("--tracker", default=None, metavar="HOST:PORT",
-                      help="the RPC tracker (scripts/rpc_tracker.py); required without "
-                           "--local")
+                      help="the RPC tracker (python -m tvm.exec.rpc_tracker); required "
+                           "without --local")
     tune.add_argument("--key", default=None,
                       help="device key the servers registered under, e.g. android")
     tune.add_argument("--local", action="store_true",

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Export real architectures (random, seeded weights) to ONNX for the fusion benchmarks.
 
 Nothing can be fetched from model hubs, so every model is built from its definition
@@ -6,14 +5,15 @@ Nothing can be fetched from model hubs, so every model is built from its definit
 static shapes, opset 17 (TorchScript exporter; torch.export-based one only as a fallback).
 Weights are seeded and "calibrated" (see ``calibrate``) so outputs are neither zero nor tiny,
 static shape arithmetic is folded (see ``simplify``) so TVM's ONNX frontend accepts every graph,
-and a file only lands in ``models/`` at the repo root (``--out`` or ``$TVM_FUSION_MODELS``
-override it) after ``onnx.checker`` and an onnxruntime run matching PyTorch pass.
+and a file only lands in the zoo folder (``./models``; ``--out`` or ``$TVM_FUSION_MODELS``
+override it, as for ``tvm-fusion report --zoo``) after ``onnx.checker`` and an onnxruntime run
+matching PyTorch pass. Needs the ``models`` extra (``pip install "tvm_fusion[models]"``).
 
-    python scripts/export_models.py --list
-    python scripts/export_models.py --only resnet50,bert_base --force --tvm
+    python -m tvm_fusion.export_models --list
+    python -m tvm_fusion.export_models --only resnet50,bert_base --force --tvm
 
-Other code can ``importlib`` this file and call ``load_model(name)`` to get a path,
-exporting on demand. Heavy imports (torch, transformers) happen only when exporting.
+``load_model(name)`` gives a model's path, exporting on demand. Heavy imports (torch,
+transformers) happen only when exporting, so ``tvm-fusion bench`` can read ``MODELS``.
 """
 
 import argparse
@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_DIR = "TVM_FUSION_MODELS"
 OPSET = 17
 DYNAMO_OPSET = 18  # the torch.export-based exporter does not go below 18 cleanly
@@ -338,10 +337,8 @@ MODELS: dict[str, ModelSpec] = {
 
 
 def models_dir(out_dir: str | os.PathLike | None = None) -> Path:
-    """Resolve the cache folder: explicit argument, then $TVM_FUSION_MODELS, then repo/models."""
-    if out_dir is None:
-        out_dir = os.environ.get(ENV_DIR) or REPO_ROOT / "models"
-    return Path(out_dir)
+    """The zoo folder: ``out_dir``, else ``$TVM_FUSION_MODELS``, else ``./models``."""
+    return Path(out_dir or os.environ.get(ENV_DIR) or "models")
 
 
 def random_inputs(spec: ModelSpec, seed: int = SEED) -> dict:
@@ -654,8 +651,9 @@ def load_model(name: str, out_dir: str | os.PathLike | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", help=f"cache folder (default ${ENV_DIR} or <repo>/models)")
+    parser = argparse.ArgumentParser(prog="python -m tvm_fusion.export_models",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help=f"cache folder (default ${ENV_DIR} or ./models)")
     parser.add_argument("--list", action="store_true", help="list models and cache state")
     parser.add_argument("--only", help="comma-separated model names")
     parser.add_argument("--force", action="store_true", help="re-export cached models")

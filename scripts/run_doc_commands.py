@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Run every shell command the README and docs/*.md tell a user to run, and log the results.
 
-    python scripts/run_doc_commands.py --cwd /tmp/docs_clone --venv /tmp/docvenv_fresh \\
-        --log docs/commands_checked.md
+    python scripts/run_doc_commands.py --cwd /tmp/docs_clone --venv /tmp/docvenv_fresh
+    python scripts/run_doc_commands.py --list      # the commands it would run, runs nothing
 
 What is run:
 
@@ -24,11 +24,14 @@ block whose first line is such a comment, is not run and logged as "not run (nee
 tracker and server scripts (``--server``) run in the background: they pass when still up after
 ``--server-wait`` seconds, and are stopped (their process group, by pid) at the end of the file.
 
-The log (Markdown, written atomically after every command) has one row per command: doc:line,
+The log (Markdown, written atomically after every command; by default
+``out/doc_commands/commands_checked.md``, which is not committed: a run log is evidence of one
+run, not documentation) has one row per command: doc:line,
 command, result, seconds, and the last lines of its output; the full output of each command is
 in ``--outdir``. A JSON sidecar (``LOG.json``) keeps the results so that ``--only REGEX`` reruns
 some commands (and every ``cd`` or variable assignment, which later ones may need) and keeps
-the earlier results of the others.
+the earlier results of the others; without a sidecar the others are logged as not run (the
+README's commands include ``pip install -e .`` and the whole test suite).
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ TINY = "models/tinybert.onnx"
 APOLLO2 = "distilbert,albert,mobilebert,unet,ssd_mobilenet,vgg16,r3d_18,swin_t,vit_b16"
 INLINE: list[tuple[str, str, str | None, str]] = [
     ("README.md", "tvm-fusion tune", None, "names the subcommand (commands in the phone block)"),
+    ("README.md", "tvm-fusion", None, "names the command"),
+    ("README.md", "tvm-fusion tune --local", None, "names the option (tuning: the phone block)"),
     ("README.md", "tvm-fusion demo", "tvm-fusion demo", ""),
     ("README.md", "tvm-fusion report model.onnx [--json] [--why]",
      f"tvm-fusion report {TINY} --json --why", f"model.onnx = {TINY}"),
@@ -79,15 +84,15 @@ INLINE: list[tuple[str, str, str | None, str]] = [
      "python scripts/draw_architecture.py", ""),
     ("docs/architecture.md", "tvm-fusion report", None, "names the subcommand"),
     ("docs/architecture.md", "tvm-fusion bench", None, "names the subcommand"),
-    ("docs/benchmarks.md", "python scripts/export_models.py",
-     "python scripts/export_models.py", ""),
+    ("docs/benchmarks.md", "python -m tvm_fusion.export_models",
+     "python -m tvm_fusion.export_models", ""),
     ("docs/benchmarks.md",
      "python scripts/measure_smartmem.py time swin_block models/swin_t.onnx --rounds 3 "
      "--strategy dnnfusion",
      "python scripts/measure_smartmem.py time swin_block models/swin_t.onnx --rounds 3 "
      "--strategy dnnfusion", ""),
-    ("docs/benchmarks.md", "TVM_NUM_THREADS=1 python scripts/bench_conv_chains.py --repeat 5",
-     "TVM_NUM_THREADS=1 python scripts/bench_conv_chains.py --repeat 5", ""),
+    ("docs/benchmarks.md", "python scripts/bench_conv_chains.py",
+     "python scripts/bench_conv_chains.py", ""),
     ("docs/benchmarks.md", "python scripts/apollo_zoo.py --only " + APOLLO2 + " --check " + APOLLO2,
      "python scripts/apollo_zoo.py --only " + APOLLO2 + " --check " + APOLLO2, ""),
     ("docs/codegen.md", "tvm-fusion bench", None, "names the subcommand"),
@@ -98,8 +103,8 @@ INLINE: list[tuple[str, str, str | None, str]] = [
      "and `models/gpt2.onnx`, as the sentence says"),
     ("docs/codegen.md", "tvm-fusion tune", None, "names the subcommand"),
     ("docs/optifx.md", "tvm-fusion report", None, "names the subcommand"),
-    ("docs/optifx.md", "TVM_NUM_THREADS=1 python scripts/bench_conv_chains.py --repeat 5",
-     "TVM_NUM_THREADS=1 python scripts/bench_conv_chains.py --repeat 5", ""),
+    ("docs/optifx.md", "python scripts/bench_conv_chains.py",
+     "python scripts/bench_conv_chains.py", ""),
     ("docs/optifx.md", "tvm-fusion report models/mobilenet_v2.onnx -O conv_chains=cost_model",
      "tvm-fusion report models/mobilenet_v2.onnx -O conv_chains=cost_model", ""),
     ("docs/profiling.md", r"tvm-fusion db stats \| list \| export \| import \| prune", None,
@@ -107,6 +112,13 @@ INLINE: list[tuple[str, str, str | None, str]] = [
     ("docs/profiling.md", "tvm-fusion bench", None, "names the subcommand"),
     ("docs/rewrite.md", "python scripts/measure_rewrite.py --rules",
      "python scripts/measure_rewrite.py --rules", ""),
+    ("docs/symbolic.md", "tvm-fusion report", None, "names the subcommand"),
+    ("docs/visualize.md", "tvm-fusion report --why", None, "names the option"),
+    ("docs/visualize.md", "tvm-fusion report models/X.onnx --html docs/plans/X.html --no-check",
+     "tvm-fusion report models/bert_base.onnx --html out/plans/bert_base.html --no-check",
+     "X = bert_base, written to out/plans/"),
+    ("docs/visualize.md", "python -m tvm_fusion.export_models --only bert_base,swin_t,gpt2",
+     "python -m tvm_fusion.export_models --only bert_base,swin_t,gpt2", ""),
 ]
 
 # Lines of unlabelled blocks (usage synopses) checked with concrete arguments: doc, the line's
@@ -316,8 +328,6 @@ def collect(cwd: Path) -> tuple[list[Command], list[Result]]:
     cmds: list[Command] = []
     extra: list[Result] = []
     for d in docs:
-        if d.name == "commands_checked.md":
-            continue
         rel = str(d.relative_to(cwd))
         cmds += extract_blocks(d, rel)
         c, e = extract_inline(d, rel)
@@ -530,7 +540,8 @@ def render(args, header: dict, results: list[Result], done: bool) -> str:
     L.append("## Summary")
     L.append("")
     L.append(f"- commands run: {len(ran)}; passed: {len(passed)}; failed: {len(failed)}")
-    L.append(f"- not run (need a phone, the NDK or a GPU): {len(notrun)}")
+    L.append(f"- not run (need a phone, the NDK or a GPU, or not matched by --only): "
+             f"{len(notrun)}")
     L.append(f"- repeated commands not run again (same as an earlier row): {len(same)}")
     if uncl:
         L.append(f"- inline mentions not classified: {len(uncl)}")
@@ -579,7 +590,9 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cwd", type=Path, default=ROOT, help="checkout the commands run in")
     ap.add_argument("--venv", type=Path, help="virtual environment to activate")
-    ap.add_argument("--log", type=Path, default=ROOT / "docs" / "commands_checked.md")
+    ap.add_argument("--log", type=Path,
+                    default=ROOT / "out" / "doc_commands" / "commands_checked.md",
+                    help="the run log (Markdown; its results in LOG.json beside it)")
     ap.add_argument("--outdir", type=Path,
                     help="full output of each command (default: a new folder in /tmp)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per command")
@@ -687,9 +700,14 @@ def main(argv: list[str] | None = None) -> int:
                                       note=f"same as #{i} ({r0.doc}:{r0.line}): {r0.status}"))
                 continue
             prev = previous.get(key_of(c.doc, c.text))
-            if only and not only.search(c.text) and prev and not sets_state(c.text):
-                r = Result(**prev)
-                r.line, r.kind = c.line, c.kind
+            if only and not only.search(c.text) and not sets_state(c.text):
+                # --only runs nothing else: an earlier result is kept, else none is claimed
+                if prev:
+                    r = Result(**prev)
+                    r.line, r.kind = c.line, c.kind
+                else:
+                    r = Result(c.doc, c.line, c.text, c.kind, "not run",
+                               note="not matched by --only")
                 results.append(r)
                 first_seen[k] = (len(results), r)
                 save()

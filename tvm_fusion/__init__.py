@@ -1,9 +1,10 @@
 """tvm_fusion: operator fusion for Apache TVM beyond FuseOps' fixed rules.
 
-DNNFusion's mapping-type fusion (PLDI'21), with Apollo, OptiFX and SmartMem to follow, as passes
-that compose with ``tvm.transform.Sequential``. The graph-level passes live in
-``tvm_fusion.relay_passes``: the name is the project's fixed layout; since TVM 0.20 removed Relay,
-they are written over Relax, Relay's successor.
+DNNFusion's mapping-type fusion (PLDI'21), Apollo's partition-based fusion, OptiFX's conv→conv
+fusion and SmartMem's layout-transform elimination, as passes that compose with
+``tvm.transform.Sequential`` (docs/architecture.md says where each one lives). The graph-level
+passes live in ``tvm_fusion.relay_passes``: the name is the project's fixed layout; since TVM
+0.20 removed Relay, they are written over Relax, Relay's successor.
 """
 
 from . import pipeline, transform

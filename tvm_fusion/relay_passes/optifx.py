@@ -365,7 +365,7 @@ def score(cand: ChainCandidate, rops: dict[int, RegionOp], p: Platform, mode: st
             [(ops[0].r, ops[0].stride), (max(o.r for o in ops[1:]), ops[1].stride)]
         chans = [ops[0].c] + [o.k for o in ops]
         if cand.shape == "SISO" and len(ops) == 2 and (last.r, last.s, last.stride) == (1, 1, 1):
-            # a 1×1 tail needs no halo: the template runs bands of whole rows (conv_conv.py)
+            # a 1×1 tail needs no halo: whole-row bands (tir_schedules/optifx.py)
             tile = (choose_band(last.ho, last.wo, last.c, cores, lanes), last.wo)
         else:
             tile = choose_tile(last.ho, last.wo, chans[:len(chain) + 1], chain, cores, lanes)

@@ -401,7 +401,7 @@ class ProfilingDatabase:
                      "PRIMARY KEY (target, signature))")
 
     def blocklist_add(self, target: str, signature: str, reason: str) -> None:
-        """Remember a merge Apollo's fusion phase rejected (relax/apollo_feedback.py)."""
+        """Remember a merge Apollo's fusion phase rejected (relay_passes/apollo/feedback.py)."""
         with self._write() as conn:
             self._blocklist_table(conn)
             conn.execute("INSERT OR REPLACE INTO apollo_blocklist VALUES (?, ?, ?, ?)",

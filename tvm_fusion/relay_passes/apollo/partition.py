@@ -2,7 +2,7 @@
 
 ``plan_apollo(ecg, options, blocklist)`` returns a :class:`~.fusion_plan.FusionPlan` (so
 ``apply_plan``, the report and kernel counting work unchanged); every block remembers the merges
-that built it, which the feedback loop (:mod:`.apollo_feedback`) undoes when a schedule fails.
+that built it, which the feedback loop (:mod:`.feedback`) undoes when a schedule fails.
 
 1. **Classification** (§3.3, Definitions 1-4) from each operator's access functions, never from
    its name (:func:`apollo_type`): element-wise, broadcast (an input lacks an output iterator and

@@ -1,4 +1,4 @@
-"""Lowering a rewritten :class:`~.rewrite_ir.BlockGraph` back to a Relax dataflow block.
+"""Lowering a rewritten :class:`~.ir.BlockGraph` back to a Relax dataflow block.
 
 Bindings keep their original order and variables. A node a rewrite left untouched is re-emitted
 from its original binding; a node whose operands changed, and every node a rewrite created, is

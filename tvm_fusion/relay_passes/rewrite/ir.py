@@ -3,7 +3,7 @@
 Relax IR is immutable, and rebuilding a function after each of hundreds of rewrites would be
 quadratic. The rewriter therefore lifts each dataflow block into light Python objects once,
 rewrites those (use lists make "is this intermediate used anywhere else?" an O(1) question), and
-lowers the block back to Relax once (:mod:`.rewrite_emit`).
+lowers the block back to Relax once (:mod:`.emit`).
 
 Only operators that have an associative, distributive or commutative property
 (:data:`MODELLED_OPS`) become :class:`Node` objects. Every other value (graph inputs, constants,

@@ -6,12 +6,12 @@ preconditions, whether it is exact in IEEE arithmetic or needs ``allow_fp_reasso
 tolerance its numerical test uses, and a generator of rewrite candidates at a root node.
 
 Rules on chains of ``⊙`` and ``+`` are not written per bracketing and operand order: the product
-and sum engines (:mod:`.rewrite_chains`) match modulo associativity and commutativity, and each
+and sum engines (:mod:`.chains`) match modulo associativity and commutativity, and each
 engine step is a rule of its own so statistics and switches stay per rule. That is how the
 paper's 149 variants (45/38/66) reduce to the rules below without losing any.
 
 A generator only proposes; the driver (:mod:`.rewrite`) prices each candidate with
-:func:`.rewrite_cost.node_cost`, applies only strict improvements, and re-checks shapes.
+:func:`.cost.node_cost`, applies only strict improvements, and re-checks shapes.
 """
 
 from __future__ import annotations

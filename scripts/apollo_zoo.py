@@ -34,6 +34,7 @@ from tvm_fusion.compile import (  # noqa: E402
     run,
 )
 from tvm_fusion.feeds import random_inputs  # noqa: E402
+from tvm_fusion.instrument import Collector  # noqa: E402
 from tvm_fusion.numerics import onnx_reference  # noqa: E402
 from tvm_fusion.relay_passes.plan_fusion import plan_module  # noqa: E402
 from tvm_fusion.threads import use_physical_cores  # noqa: E402
@@ -51,12 +52,13 @@ def kernels(path: Path) -> dict:
     row = {"model": path.stem, "anchor_bound": bound}
     row["tvm"] = count_kernels(fuse(mod, TARGET, strategy="tvm"))
     row["dnnfusion"] = count_kernels(fuse(mod, TARGET, strategy="dnnfusion", schedule=False))
-    record: list = []
+    collector = Collector()
     start = time.perf_counter()
-    out = fuse(mod, TARGET, strategy="apollo", record=record, **APOLLO)  # scheduled: feedback
+    with tvm.transform.PassContext(instruments=[collector]):
+        out = fuse(mod, TARGET, strategy="apollo", **APOLLO)  # scheduled: feedback
     row["apollo_build_s"] = round(time.perf_counter() - start, 1)
     row["apollo"] = count_kernels(out)
-    plan = record[-1]
+    plan = collector.plans[-1]
     row["apollo_layer3_packs"] = sum(d["fused"] for p in plan.plans.values() for d in p.parallel)
     row["feedback"] = [e.describe() for e in plan.feedback]
     for layers in (1, 2):

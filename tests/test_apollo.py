@@ -6,12 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tvm
 from conftest import TARGET, check_model
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.compile import compile_model, count_kernels, fuse, graph_input_names, import_onnx
 from tvm_fusion.compile import run as run_vm
 from tvm_fusion.feeds import random_inputs
+from tvm_fusion.instrument import Collector
 from tvm_fusion.models import transformer_encoder_layer
 from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.relay_passes.apollo.partition import parallel_gain, rule_groups
@@ -35,11 +37,17 @@ def _const(name, value):
     return numpy_helper.from_array(np.asarray(value, np.float32), name)
 
 
+def _fuse_collecting(mod, **options):
+    """``fuse`` and the plan its run recorded."""
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        out = fuse(mod, TARGET, **options)
+    return out, collector.plans[-1]
+
+
 def _plan(model, **options):
-    record: list = []
     opts = {"apollo_blocklist": "memory", "schedule": False, **RAW, **options}
-    out = fuse(import_onnx(model), TARGET, strategy="apollo", record=record, **opts)
-    return out, record[-1]
+    return _fuse_collecting(import_onnx(model), strategy="apollo", **opts)
 
 
 def _kernels(model, **options) -> int:
@@ -209,11 +217,9 @@ def test_failing_schedule_splits_partition_and_build_succeeds(tmp_path: Path):
             failed.append(name)
         return bad
 
-    record: list = []
-    opts = dict(apollo_fail_hook=hook, profile_db=db, record=record, **RAW)
+    opts = dict(apollo_fail_hook=hook, profile_db=db, **RAW)
     mod = import_onnx(model)
-    fused = fuse(mod, TARGET, strategy="apollo", **opts)
-    plan = record[-1]
+    fused, plan = _fuse_collecting(mod, strategy="apollo", **opts)
     assert failed and plan.feedback, "the injected failure must trigger feedback"
     event = plan.feedback[0]
     assert event.split.startswith("⑥-matmul") and "injected" in event.reason
@@ -225,10 +231,9 @@ def test_failing_schedule_splits_partition_and_build_succeeds(tmp_path: Path):
     with ProfilingDatabase(db) as database:
         assert [e["signature"] for e in database.blocklist("llvm")] == [event.split]
     # the blocklist persists: a fresh build never tries the merge again
-    record2: list = []
     failed.clear()
-    fuse(mod, TARGET, strategy="apollo", **{**opts, "record": record2})
-    assert not failed and not record2[-1].feedback and record2[-1].rounds == 1
+    _, plan2 = _fuse_collecting(mod, strategy="apollo", **opts)
+    assert not failed and not plan2.feedback and plan2.rounds == 1
     # and the build runs correctly
     feeds = random_inputs(model, seed=0)
     inputs = [feeds[n] for n in graph_input_names(model)]

@@ -102,7 +102,8 @@ def _one_line_exit_2(result, expected):
     (["-O", "flops_per_byte=abc"], "option flops_per_byte='abc' is not a number"),
     (["-O", 'table3={"O2M,M2M": "blue"}'], "option table3: unknown colour 'blue'; accepted"),
     (["-O", "table3=O2M:M2X=green"], "option table3: unknown mapping type 'M2X'"),
-    (["-O", "record=[]"], "option record cannot be set on the command line"),
+    (["-O", "record=[]"], "unknown tvm_fusion option 'record' (plans are collected by"),
+    (["-O", "preset=fastest"], "option preset='fastest' is not one of: conservative, default"),
     (["--target", '{"kind": "llvm",'], "--target: invalid target '{\"kind\": \"llvm\",': "
                                         "not valid JSON (Expecting property name"),
 ])
@@ -129,6 +130,9 @@ def test_option_values_by_type():
     assert options("-O", "strategy=apollo")["strategy"] == "apollo"
     assert options("-O", "strategy=apollo", "--strategy", "tvm")["strategy"] == "tvm"
     assert "strategy" not in options()
+    # a preset is kept by name (the build expands it); the flags and -O options win over it
+    assert options("-O", "preset=aggressive", "--profile", "off") == {
+        "preset": "aggressive", "profile": "off"}
 
 
 def test_options_that_used_to_be_misread_now_work(tmp_path):

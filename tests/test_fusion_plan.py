@@ -5,10 +5,12 @@ import time
 import numpy as np
 import onnx
 import pytest
+import tvm
 from conftest import TARGET, check_model
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.compile import count_kernels, fuse, import_onnx
+from tvm_fusion.instrument import Collector
 from tvm_fusion.models import figure3_graph, transformer_encoder_layer
 from tvm_fusion.relay_passes.fusion_table import Colour, FusionTable
 from tvm_fusion.relay_passes.mapping_type import MappingType as MT
@@ -44,9 +46,10 @@ def test_table3_overrides():
 
 
 def _plan(model, **options):
-    record = []
-    fused = fuse(import_onnx(model), TARGET, record=record, **options)
-    (plan,) = record[0].plans.values()
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        fused = fuse(import_onnx(model), TARGET, **options)
+    (plan,) = collector.plans[0].plans.values()
     return plan, fused
 
 

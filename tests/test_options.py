@@ -1,4 +1,5 @@
-"""Options are checked strictly: types, accepted values, the CLI's syntax of each type."""
+"""Options are checked strictly: types, accepted values, the CLI's syntax of each type; the
+typed object, its presets, and docs/options.md generated from it."""
 
 import re
 from pathlib import Path
@@ -7,7 +8,9 @@ import numpy as np
 import pytest
 
 from tvm_fusion import options as opt
-from tvm_fusion.options import OPTIONS, check_options, parse_cli_option, parse_cli_options
+from tvm_fusion.options import OPTIONS, Options, parse_cli_option, parse_cli_options
+
+ROOT = Path(__file__).parents[1]
 
 
 def test_transform_keeps_exporting_the_defaults():
@@ -15,7 +18,7 @@ def test_transform_keeps_exporting_the_defaults():
 
     assert transform.OPTIONS is OPTIONS
     assert OPTIONS["max_ops_per_block"] == 64 and OPTIONS["table3"] is None
-    assert check_options({}) == OPTIONS
+    assert Options().to_kwargs() == OPTIONS
 
 
 def test_choices_repeat_the_passes_constants():
@@ -57,8 +60,10 @@ def test_choices_repeat_the_passes_constants():
     ("strategy", "fastest", "option strategy='fastest' is not one of: dnnfusion, apollo, tvm"),
     ("profile_db", 3, "option profile_db=3 is not a path"),
     ("rewrite_rules", "mul_merge_exp", "is not a list of rule names"),
-    ("record", (), "option record=() is not a list"),
-    ("apollo_fail_hook", "x", "is not callable"),
+    ("record", (), "unknown tvm_fusion option 'record' (plans are collected by "
+                   "tvm_fusion.instrument.Collector)"),
+    ("apollo_fail_hook", "x", "unknown tvm_fusion option 'apollo_fail_hook' (a test hook"),
+    ("preset", "fastest", "option preset='fastest' is not one of: conservative, default"),
     ("table3", [("O2M", "M2M", "green")], "is not a mapping"),
     ("table3", {("O2M", "M2X"): "green"}, "unknown mapping type 'M2X'"),
     ("table3", {("O2M", "Opaque"): "green"}, "no Opaque row or column"),
@@ -68,18 +73,19 @@ def test_choices_repeat_the_passes_constants():
 ])
 def test_python_values_are_checked(name, value, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        check_options({name: value})
+        Options.from_kwargs(**{name: value})
 
 
 def test_python_values_are_normalised():
     from tvm_fusion.relay_passes.fusion_table import Colour, FusionTable
     from tvm_fusion.relay_passes.mapping_type import MappingType
 
-    got = check_options({"max_ops_per_block": np.int64(8), "flops_per_byte": 3,
-                         "layout": np.bool_(False), "profile_db": Path("/tmp/x.db"),
-                         "table3": {("o2m", "MANY_TO_MANY"): "fuse_through",
-                                    "M2M:M2M": Colour.YELLOW,
-                                    (MappingType.REORGANIZE, "Shuffle"): "red"}})
+    options = Options.from_kwargs(
+        max_ops_per_block=np.int64(8), flops_per_byte=3, layout=np.bool_(False),
+        profile_db=Path("/tmp/x.db"), table3={("o2m", "MANY_TO_MANY"): "fuse_through",
+                                              "M2M:M2M": Colour.YELLOW,
+                                              (MappingType.REORGANIZE, "Shuffle"): "red"})
+    got = options.to_kwargs()
     assert got["max_ops_per_block"] == 8 and type(got["max_ops_per_block"]) is int
     assert got["flops_per_byte"] == 3.0 and type(got["flops_per_byte"]) is float
     assert got["layout"] is False and got["profile_db"] == "/tmp/x.db"
@@ -87,7 +93,8 @@ def test_python_values_are_normalised():
                              ("Reorg", "Shuffle"): "red"}
     table = FusionTable(got["table3"])  # the canonical names are what FusionTable takes
     assert table.lookup(MappingType.ONE_TO_MANY, MappingType.MANY_TO_MANY).colour is Colour.GREEN
-    assert check_options(got) == got  # checking twice (Sequential, then its planner) is a no-op
+    assert Options.from_kwargs(**got) == options  # checking twice is a no-op
+    assert options.planning.max_ops_per_block == 8 and options.smartmem.layout is False
 
 
 def test_sequential_rejects_bad_values():
@@ -139,8 +146,9 @@ def test_cli_syntax_of_each_type(name, text, value):
     ('table3={"O2M": "green"}', "key 'O2M' is not a (first, second) pair"),
     ('table3={"O2M,M2M": ', "option table3: '{\"O2M,M2M\":' is not valid JSON"),
     ('table3=[["O2M", "M2M"]]', "is not a list of [first, second, colour] triples"),
-    ("record=[]", "option record cannot be set on the command line"),
-    ("apollo_fail_hook=x", "option apollo_fail_hook cannot be set on the command line"),
+    ("record=[]", "unknown tvm_fusion option 'record' (plans are collected by"),
+    ("apollo_fail_hook=x", "unknown tvm_fusion option 'apollo_fail_hook'"),
+    ("preset=fast", "option preset='fast' is not one of: conservative, default, aggressive"),
     ("no_equals_sign", "option 'no_equals_sign' must be KEY=VALUE"),
     ("bogus=1", "unknown tvm_fusion option 'bogus'"),
     ("symbolic_hint=seq=abc", "option symbolic_hint='seq=abc' has 'seq=abc', not NAME=SIZE"),
@@ -153,7 +161,82 @@ def test_cli_errors_name_the_option_and_accepted_values(pair, message):
 
 
 def test_docs_list_every_option_with_its_cli_syntax():
-    text = (Path(__file__).parents[1] / "docs" / "options.md").read_text()
+    text = (ROOT / "docs" / "options.md").read_text()
     rows = set(re.findall(r"^\| `(\w+)` \|", text, flags=re.M))
     assert rows == set(OPTIONS)
     assert "O2M:M2M=green" in text and "true`, `false`, `1`, `0`" in text
+
+
+# ------------------------------------------------------------------- the typed object, presets
+
+def test_every_option_is_one_field_of_one_group():
+    import dataclasses
+
+    fields = [f.name for cls in opt.GROUPS.values() for f in dataclasses.fields(cls)]
+    assert sorted(fields) == sorted(OPTIONS) and len(fields) == len(set(fields))
+    assert set(opt.GROUPS) == {f.name for f in dataclasses.fields(Options)}
+    options = Options.from_kwargs(strategy="apollo", layout_copies=np.int64(2),
+                                  fuse_epilogues=False, apollo_layers=1)
+    assert options.planning.strategy == "apollo" and options.apollo.apollo_layers == 1
+    assert options.smartmem.layout_copies == 2 and options.smartmem.fuse_epilogues is False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.planning.strategy = "tvm"
+
+
+def test_groups_check_their_values_when_made():
+    """An Options is valid however it is made: a group checks its fields itself."""
+    with pytest.raises(ValueError, match=re.escape("option layout_copies=-1 is out of range")):
+        opt.SmartMem(layout_copies=-1)
+    with pytest.raises(ValueError, match="option strategy='fastest' is not one of"):
+        Options(planning=opt.Planning(strategy="fastest"))
+    assert opt.Profiling(flops_per_byte=3).flops_per_byte == 3.0
+
+
+def test_replace_changes_only_what_it_names():
+    base = Options.from_kwargs(layout=False)
+    changed = base.replace(max_ops_per_block=8)
+    assert (changed.smartmem.layout, changed.planning.max_ops_per_block) == (False, 8)
+    assert base.planning.max_ops_per_block == 64  # frozen: a new object
+    with pytest.raises(ValueError, match="unknown tvm_fusion option 'bogus'"):
+        base.replace(bogus=1)
+
+
+@pytest.mark.parametrize("name, changed", [
+    ("conservative", {"allow_fp_reassociation": False, "fast_math": False, "profile": "off"}),
+    ("default", {}),
+    ("aggressive", {"conv_chains": "cost_model", "profile": "measure"}),
+])
+def test_presets_set_exactly_what_the_docs_say(name, changed):
+    got = Options.preset(name).to_kwargs()
+    assert {k: v for k, v in got.items() if OPTIONS[k] != v} == changed
+    assert Options.from_kwargs(preset=name) == Options.preset(name)
+
+
+def test_options_given_with_a_preset_win():
+    options = Options.from_kwargs(preset="conservative", fast_math=True)
+    assert options.scheduling.fast_math is True and options.profiling.profile == "off"
+    pairs = parse_cli_options(["preset=aggressive", "profile=off"])
+    assert Options.from_kwargs(**pairs).profiling.profile == "off"
+    assert Options.from_kwargs(**pairs).optifx.conv_chains == "cost_model"
+
+
+def test_sequential_takes_the_object_and_names_over_it():
+    from tvm_fusion.target import host_target
+    from tvm_fusion.transform import Sequential
+
+    Sequential(host_target(), Options.preset("conservative"), layout=False)
+    with pytest.raises(ValueError, match="option layout_copies=-1 is out of range"):
+        Sequential(host_target(), Options(), layout_copies=-1)
+
+
+def test_docs_are_generated_from_the_fields():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_options_doc",
+                                                  ROOT / "scripts" / "build_options_doc.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    text = (ROOT / "docs" / "options.md").read_text()
+    assert build.render(text) == text, "docs/options.md is stale: run scripts/build_options_doc.py"
+    for preset in opt.PRESETS:
+        assert f"| {preset} |" in text

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
+from tvm_fusion.instrument import Collector
 from tvm_fusion.relay_passes.rewrite.ir import BlockGraph, evaluate
 from tvm_fusion.relay_passes.rewrite.math_properties import (
     RULES,
@@ -390,10 +391,11 @@ def run_module(mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def rewrite(mod: tvm.IRModule, **kwargs):
-    record: list = []
-    out = RewriteByMathProperties(record=record, **kwargs)(mod)
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        out = RewriteByMathProperties(**kwargs)(mod)
     relax.analysis.well_formed(out)
-    return out, record[0]
+    return out, collector.rewrite_stats[0]
 
 
 def output_counts(cases: list[Case]) -> list[int]:

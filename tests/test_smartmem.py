@@ -10,6 +10,7 @@ from tvm import relax, sym, tirx
 
 from tvm_fusion.compile import count_kernels, fuse, graph_input_names, import_onnx, run
 from tvm_fusion.feeds import random_inputs
+from tvm_fusion.instrument import Collector
 from tvm_fusion.layout import smartmem
 from tvm_fusion.layout.classes import TABLES_5_6, Action, LayoutClass, Search, pair_decision
 from tvm_fusion.layout.index_maps import (
@@ -23,7 +24,7 @@ from tvm_fusion.layout.layout_choice import site_preference
 from tvm_fusion.layout.pipeline import graph_passes
 from tvm_fusion.models.swin import relative_position_index, swin_window_attention
 from tvm_fusion.numerics import compare, onnx_reference
-from tvm_fusion.transform import legalize_passes
+from tvm_fusion.transform import Sequential, legalize_passes
 
 LLVM = tvm.target.Target("llvm")
 
@@ -83,9 +84,16 @@ def test_tables_5_and_6_have_all_sixteen_cells_as_printed():
     assert pair_decision(LayoutClass.OPAQUE, v).action is Action.KEEP_BOTH
 
 
+def _eliminate(mod, **kwargs):
+    """``EliminateLayoutTransforms`` and the record of each dataflow block."""
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        out = smartmem.EliminateLayoutTransforms(LLVM, **kwargs)(mod)
+    return out, collector.layout_blocks
+
+
 def test_classes_come_from_tir(swin_legalized):
-    record: list = []
-    smartmem.EliminateLayoutTransforms(LLVM, record=record)(swin_legalized)
+    _, record = _eliminate(swin_legalized)
     classes = record[0].classes
     names = {b.var.name: b.value.args[0].name_hint
              for b in swin_legalized["main"].body.blocks[0].bindings}
@@ -191,8 +199,7 @@ def test_layout_copies_beyond_k():
 
 
 def test_no_fixed_operator_is_left_and_every_site_has_a_reason(swin_legalized):
-    record: list = []
-    out = smartmem.EliminateLayoutTransforms(LLVM, record=record)(swin_legalized)
+    out, record = _eliminate(swin_legalized)
     assert record[0].eliminated == 14 and record[0].materialised == 0
     assert all("(" in s and ")" in s for s in record[0].sites)
     assert smartmem.count_data_movement_kernels(out) == 0
@@ -207,8 +214,7 @@ def test_a_fixed_operator_with_several_consumers_is_pushed_into_each():
         a = bb.emit(relax.op.matmul(t, w))
         return relax.op.add(a, relax.op.sum(t, axis=[1], keepdims=True))
     mod = _legalize(_relax(body)((16, 8), (16, 4)))
-    record: list = []
-    out = smartmem.EliminateLayoutTransforms(LLVM, record=record)(mod)
+    out, record = _eliminate(mod)
     assert len(record[0].sites) == 2 and record[0].eliminated == 1
     assert smartmem.count_data_movement_kernels(out) == 0
     x = np.random.default_rng(0).standard_normal((16, 8)).astype("float32")
@@ -232,13 +238,36 @@ def test_an_elementwise_epilogue_joins_its_anchor():
     assert count_kernels(off) == 4
 
 
+@pytest.mark.parametrize("fuse_epilogues, kernels", [(True, 2), (False, 4)])
+def test_fuse_epilogues_is_an_option_of_every_build(fuse_epilogues, kernels):
+    """The option reaches the elimination in Sequential and in graph_passes alike."""
+    def body(bb, x, w):
+        m = bb.emit(relax.op.matmul(x, w))
+        b = bb.emit(relax.op.add(m, relax.const(np.ones(4, "float32"))))
+        return relax.op.nn.softmax(relax.op.nn.relu(b))
+    mod = _legalize(_relax(body)((8, 16), (16, 4)))
+
+    @tvm.ir.instrument.pass_instrument
+    class AfterElimination:
+        def run_after_pass(self, after, info):
+            if info.name == "EliminateLayoutTransforms":
+                self.mod = after
+
+    seen = AfterElimination()
+    with LLVM, tvm.transform.PassContext(instruments=[seen]):
+        Sequential(LLVM, rewrite=False, fuse_epilogues=fuse_epilogues)(mod)
+    assert count_kernels(seen.mod) == kernels
+    with LLVM:
+        alone = graph_passes(LLVM, fuse=False, fuse_epilogues=fuse_epilogues)(mod)
+    assert count_kernels(alone) == kernels
+
+
 def test_a_chain_between_graph_input_and_output_becomes_one_copy():
     def body(bb, x):
         r = bb.emit(relax.op.reshape(x, (4, 6, 8)))
         return relax.op.permute_dims(r, [2, 0, 1])
     mod = _legalize(_relax(body)((24, 8)))
-    record: list = []
-    out = smartmem.EliminateLayoutTransforms(LLVM, record=record)(mod)
+    out, record = _eliminate(mod)
     assert count_kernels(out) == 1 and record[0].materialised == 1
     x = np.arange(24 * 8, dtype="float32").reshape(24, 8)
     got = run(tvm.compile(out, LLVM), [x])[0]

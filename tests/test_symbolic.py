@@ -22,9 +22,9 @@ from tvm_fusion.cli import main as cli_main
 from tvm_fusion.compile import compile_model, count_kernels, fuse, graph_input_names, import_onnx
 from tvm_fusion.compile import run as run_vm
 from tvm_fusion.feeds import random_inputs, run_shapes
+from tvm_fusion.instrument import Collector
 from tvm_fusion.models.symbolic import conv_net, decoder_block, encoder_layer, mlp, nms_model
 from tvm_fusion.numerics import compare, onnx_reference
-from tvm_fusion.relay_passes.plan_fusion import ModulePlan
 from tvm_fusion.threads import physical_cores
 from tvm_fusion.tir_schedules.fused_block import FALLBACK_ATTR, SCHEDULE_ATTR
 
@@ -97,9 +97,10 @@ def test_non_max_suppression():
     """NMS's output shape is read at run time (match_cast): the slice that uses it keeps its
     own kernel, after the shape computation it depends on."""
     fused = check_symbolic(nms_model(), [{"num_boxes": 20}, {"num_boxes": 50}])
-    record: list[ModulePlan] = []
-    fuse(import_onnx(nms_model()), TARGET, record=record)
-    nodes = [n for p in record[0].plans.values() for n in p.ecg.nodes]
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        fuse(import_onnx(nms_model()), TARGET)
+    nodes = [n for p in collector.plans[0].plans.values() for n in p.ecg.nodes]
     slices = [n for n in nodes if "dynamic_strided_slice" in n.op_name]
     assert slices and not slices[0].fusible and "run time" in slices[0].reason
     assert count_kernels(fused) < count_kernels(
@@ -169,9 +170,10 @@ def test_hint_scales_intermediate_bytes():
     mod = import_onnx(encoder_layer())
 
     def irs(**options) -> int:
-        record: list[ModulePlan] = []
-        fuse(mod, TARGET, record=record, schedule=False, **options)
-        return sum(p.ecg.irs_bytes_unfused() for p in record[0].plans.values())
+        collector = Collector()
+        with tvm.transform.PassContext(instruments=[collector]):
+            fuse(mod, TARGET, schedule=False, **options)
+        return sum(p.ecg.irs_bytes_unfused() for p in collector.plans[0].plans.values())
 
     small, large = irs(symbolic_hint={"seq": 16}), irs(symbolic_hint={"seq": 64})
     assert 0 < small < large

@@ -15,6 +15,7 @@ import pytest
 import tvm
 from tvm import relax, s_tir, te, tirx
 
+from tvm_fusion.instrument import Collector
 from tvm_fusion.layout import opencl_runner
 from tvm_fusion.layout.pipeline import compile_opencl, opencl_module
 from tvm_fusion.layout.texture import TEXTURE_SCOPE
@@ -206,13 +207,20 @@ def _close(got, want, rtol):
                                atol=rtol * float(np.abs(want).max()))
 
 
+def _textured(mod):
+    """One kernel per operator on the texture target, and the texture decisions."""
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        out = opencl_module(mod, TEXTURE, fuse=False)
+    return out, collector.texture_decisions
+
+
 @needs_pocl
 def test_every_operator_kind_reads_and_writes_textures_on_pocl():
     """One kernel per operator (no fusion): each reads its input from a texture and every
     intermediate is written as one; fp32 matches numpy/LLVM to 1e-5."""
     x, want = _reference(_chain_model, (1, 8, 16, 16))
-    record: list = []
-    mod = opencl_module(_chain_model(), TEXTURE, fuse=False, texture_record=record)
+    mod, record = _textured(_chain_model())
     textured = {d.tensor: d.layout for d in record if d.layout is not None}
     assert len(textured) == 6  # every intermediate; only the graph output stays a buffer
     assert "lanes=d1%4, x=d3" in next(iter(textured.values())).describe()  # NCHW4c
@@ -224,8 +232,7 @@ def test_every_operator_kind_reads_and_writes_textures_on_pocl():
 @needs_pocl
 def test_nhwc_conv_and_average_pool_on_pocl():
     x, want = _reference(_nhwc_model, (1, 16, 16, 8))
-    record: list = []
-    mod = opencl_module(_nhwc_model(), TEXTURE, fuse=False, texture_record=record)
+    mod, record = _textured(_nhwc_model())
     layouts = [d.layout for d in record if d.layout is not None]
     assert layouts and "lanes=d3%4" in layouts[0].describe()  # channels last in the lanes
     _close(_run(mod, TEXTURE, x), want, 1e-5)

@@ -15,7 +15,7 @@ import sys
 
 from . import __version__
 from .bench import ALL_VARIANTS
-from .options import check_options, parse_cli_options
+from .options import Options, parse_cli_options
 from .target import NATIVE, host_target
 from .threads import use_physical_cores
 
@@ -90,8 +90,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="dnnfusion (default) | apollo | tvm (stock FuseOps)")
         p.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
                        help="a tvm_fusion option, repeatable; values by type: true/false, "
-                            "integers, numbers, names; table3=O2M:M2M=green,... "
-                            "(docs/options.md)")
+                            "integers, numbers, names; table3=O2M:M2M=green,...; "
+                            "preset=conservative|default|aggressive (docs/options.md)")
         p.add_argument("--profile", choices=("off", "db", "measure"),
                        help="yellow cells: profiling database lookups, measuring misses, or off")
         p.add_argument("--profile-db", help="profiling database (default $TVM_FUSION_DB)")
@@ -227,8 +227,8 @@ def _options(args) -> dict:
     if getattr(args, "no_layout", False):
         options["layout"] = False
     # compile's --strategy none (tvm.compile's CPU default, no fusion) is no option of ours
-    check_options({k: v for k, v in options.items()
-                   if not (k == "strategy" and v == "none" and args.command == "compile")})
+    Options.from_kwargs(**{k: v for k, v in options.items()
+                           if not (k == "strategy" and v == "none" and args.command == "compile")})
     return options
 
 

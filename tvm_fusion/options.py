@@ -1,10 +1,19 @@
-"""The options of ``Sequential``: one table of names, types, accepted values and defaults.
+"""The options of a tvm_fusion build: one frozen, typed object, grouped per paper.
 
-Everything that reads an option from a user goes through here: :func:`check_options` for the
-Python API (``Sequential(target, **options)``, ``get_pipeline``, ``compile_model``) and
-:func:`parse_cli_option` for the command line's ``-O key=value``. Both are strict, because a
-silently misread option is a wrong build that looks right: ``"false"`` is not true, ``2.5`` is
-not an integer, and every error is one line naming the option and the values it accepts.
+:class:`Options` holds every knob, in groups (:class:`Planning`, :class:`Rewriting`,
+:class:`SmartMem`, :class:`OptiFX`, :class:`Apollo`, :class:`Scheduling`, :class:`Profiling`);
+each field carries its type, accepted values and documentation (``docs/options.md`` is
+generated from them: ``scripts/build_options_doc.py``). Options are knobs only: what passes
+produce is collected by :class:`tvm_fusion.instrument.Collector`, and test hooks are arguments
+of the pass that takes them.
+
+Everything that reads an option from a user goes through here: :meth:`Options.from_kwargs`
+for the Python API's flat keywords (``Sequential(target, **options)``, ``get_pipeline``,
+``compile_model``) and :func:`parse_cli_option` for the command line's ``-O key=value``. Both
+are strict, because a silently misread option is a wrong build that looks right: ``"false"``
+is not true, ``2.5`` is not an integer, and every error is one line naming the option and the
+values it accepts. A group validates its values when it is made, so an :class:`Options` is
+always valid.
 
 This module is a leaf (standard library only), so the CLI can check options before it imports
 TVM or loads a model; the accepted values of the choice options repeat the passes' own
@@ -13,6 +22,7 @@ constants, and ``tests/test_options.py`` checks that they agree.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import math
@@ -20,22 +30,23 @@ import numbers
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["OPTIONS", "SCHEMA", "Option", "check_option", "check_options", "parse_cli_option",
-           "parse_cli_options", "parse_table3"]
+__all__ = ["GROUPS", "OPTIONS", "PRESETS", "SCHEMA", "Apollo", "OptiFX", "Option", "OptionError",
+           "Options", "Planning", "Preset", "Profiling", "Rewriting", "Scheduling", "SmartMem",
+           "check_option", "parse_cli_option", "parse_cli_options", "parse_table3"]
 
 
 @dataclass(frozen=True)
 class Option:
-    """One option: its type (``kind``), default, accepted values and whether ``-O`` sets it.
+    """One option: its type (``kind``), default, accepted values and documentation.
 
     ``kind`` is one of ``bool``, ``int``, ``float`` (finite numbers; ``low``/``high`` bound them,
     inclusive), ``choice`` (one of ``choices``), ``path`` (a file path or None), ``rules``
-    (rewrite-rule names or None), ``table3`` (colour overrides or None), ``sizes`` (symbolic
-    dimension names to positive sizes, or None), ``list`` (an output
-    list, Python only) and ``hook`` (a callable, Python only).
+    (rewrite-rule names or None), ``table3`` (colour overrides or None) and ``sizes`` (symbolic
+    dimension names to positive sizes, or None). ``group`` is the :class:`Options` field that
+    holds it.
     """
 
     name: str
@@ -45,11 +56,7 @@ class Option:
     low: float | None = None
     high: float | None = None
     doc: str = ""
-
-    @property
-    def cli(self) -> bool:
-        """Whether ``-O`` can set it: outputs and hooks are Python objects."""
-        return self.kind not in ("list", "hook")
+    group: str = ""
 
     def accepted(self, cli: bool = False) -> str:
         """The accepted values in words, for error messages and the docs."""
@@ -72,12 +79,8 @@ class Option:
         if self.kind == "table3":
             return (f"FIRST:SECOND=COLOUR[,...] (or a JSON object) with types "
                     f"{', '.join(TABLE3_TYPES)} and colours {', '.join(COLOURS)}")
-        if self.kind == "sizes":
-            return ("NAME=SIZE[,...] (or a JSON object), sizes positive integers" if cli
-                    else "a mapping of dimension names to positive ints, or None")
-        if self.kind == "list":
-            return "a list (Python API only) or None"
-        return "a callable (Python API only) or None"
+        return ("NAME=SIZE[,...] (or a JSON object), sizes positive integers" if cli
+                else "a mapping of dimension names to positive ints, or None")
 
 
 def _num(x: float) -> str:
@@ -106,82 +109,318 @@ COLOURS = ("green", "yellow", "red")
 _COLOUR_ALIASES = {"green": "green", "fuse_through": "green", "yellow": "yellow",
                    "fuse_depend": "yellow", "red": "red", "fuse_break": "red"}
 
-_O = Option
-SCHEMA: tuple[Option, ...] = (
-    _O("strategy", "choice", "dnnfusion", STRATEGIES, doc="tvm: stock FuseOps, for comparison"),
-    _O("broadcast_policy", "choice", "expanding_only", BROADCAST_POLICIES,
-       doc="strict: the paper's Table 2 literally"),
-    _O("seed_policy", "choice", "o2o_then_rest", SEED_POLICIES),
-    _O("prefer_epilogues", "bool", True,
-       doc="an elementwise chain between two anchors becomes the first one's epilogue"),
-    _O("max_ops_per_block", "int", 64, low=1, doc="the paper's unnamed empirical threshold"),
-    _O("table3", "table3", None, doc="{(first, second): colour} overrides of Table 3"),
-    _O("flops_per_byte", "float", 10.0, low=0,
-       doc="analytic yellow-cell oracle: recompute FLOPs one saved byte pays for"),
-    _O("record", "list", None, doc="each run appends its ModulePlan (for reports)"),
-    _O("schedule", "bool", True, doc="CPU targets: one loop nest per fused block"),
-    _O("fast_math", "bool", True, doc="scheduled CPU code: vectorisable exp/erf/tanh/sigmoid"),
-    _O("rewrite", "bool", True, doc="DNNFusion 4.2: RewriteByMathProperties"),
-    _O("rewrite_rules", "rules", None, doc="rule names (None: all); docs/rewrite.md"),
-    _O("allow_fp_reassociation", "bool", True, doc="False: only IEEE-exact rewrites"),
-    _O("rewrite_record", "list", None, doc="each run appends its RewriteStats"),
-    _O("layout", "bool", True, doc="SmartMem: EliminateLayoutTransforms before planning"),
-    _O("layout_policy", "choice", "reduction", LAYOUT_POLICIES),
-    _O("layout_copies", "int", 1, low=0,
-       doc="extra layouts a producer may write for several consumers"),
-    _O("conv_layout", "choice", "auto", CONV_LAYOUTS),
-    _O("profile", "choice", "db", PROFILE_MODES, doc="yellow cells: look up, measure, or off"),
-    _O("profile_db", "path", None, doc="None: $TVM_FUSION_DB or ~/.cache"),
-    _O("latency_model", "path", None, doc="a trained XGBoost latency model"),
-    _O("symbolic_hint", "sizes", None,
-       doc="{name: size}: the sizes symbolic dims are costed at (tvm_fusion.symbolic)"),
-    _O("conv_chains", "choice", "off", CONV_CHAINS, doc="OptiFX conv->conv chains"),
-    _O("apollo_rules", "choice", "practical", APOLLO_RULES),
-    _O("apollo_layers", "int", 3, low=1, high=3),
-    _O("apollo_max_branches", "int", 7, low=2, high=7),
-    _O("apollo_stitch_bytes", "int", 32 << 20, low=1),
-    _O("apollo_schedule_budget_s", "float", 60.0, low=0),
-    _O("apollo_feedback_rounds", "int", 4, low=1),
-    _O("apollo_blocklist", "choice", "db", APOLLO_BLOCKLIST),
-    _O("apollo_fail_hook", "hook", None, doc="fail_hook(name, primfunc) -> bool (tests)"),
-)
-del _O
+
+# ------------------------------------------------------------------------------ the options
+
+def _opt(kind: str, default: Any, doc: str, choices: tuple = (), low: float | None = None,
+         high: float | None = None):
+    """A group's field: its default, and its type, accepted values and documentation as the
+    field's metadata (from which :data:`SCHEMA` and docs/options.md are made)."""
+    return field(default=default, metadata={"kind": kind, "choices": choices, "low": low,
+                                            "high": high, "doc": doc})
+
+
+class _Group:
+    """A group of options: each value is checked and normalised when the group is made."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _check_value(_BY_NAME[f.name], getattr(self, f.name)))
+
+
+@dataclass(frozen=True)
+class Planning(_Group):
+    """Which operators share a kernel (DNNFusion §4.3; docs/design.md)."""
+
+    strategy: str = _opt(
+        "choice", "dnnfusion", choices=STRATEGIES,
+        doc="The planner: `dnnfusion` (DNNFusion §4.3), `apollo` (Apollo's partitioner with "
+            "scheduler feedback; docs/apollo.md) or `tvm` (stock FuseOps, kept pure: rewriting "
+            "and layout elimination apply only to ours, so a comparison isolates the planner).")
+    broadcast_policy: str = _opt(
+        "choice", "expanding_only", choices=BROADCAST_POLICIES,
+        doc="When an elementwise operator that broadcasts is One-to-Many (DNNFusion Table 2, "
+            "ambiguous; docs/design.md): `expanding_only`, only when no non-constant, "
+            "non-scalar input already spans the output (`a[m,1] + b[1,n]`); `strict`, "
+            "whenever it broadcasts (the table literally).")
+    seed_policy: str = _opt(
+        "choice", "o2o_then_rest", choices=SEED_POLICIES,
+        doc="Where blocks are seeded (DNNFusion Listing 1): `o2o_then_rest` goes on seeding "
+            "from the fusible operators left once no One-to-One operator is (Reorganize/Shuffle, "
+            "then One-to-Many, then Many-to-Many), so a `transpose → matmul` pair still fuses; "
+            "`paper` stops there, as the listing does.")
+    prefer_epilogues: bool = _opt(
+        "bool", True,
+        doc="Ours: DNNFusion Listing 1 grows successors first, which makes an elementwise chain "
+            "between two Many-to-Many operators the *second* one's prologue; `True` tries "
+            "producers first, so it becomes the first one's epilogue, as FuseOps and "
+            "SmartMem's Table 5 \"try fuse\" do; `False` is the listing (Figure 3's plan).")
+    max_ops_per_block: int = _opt(
+        "int", 64, low=1,
+        doc="The most operators in one block: DNNFusion step 2.2's \"empirical threshold\" "
+            "(its value is unpublished).")
+    table3: dict | None = _opt(
+        "table3", None,
+        doc="Overrides of DNNFusion Table 3 (colours rebuilt): `{(first, second): colour}` "
+            "with types `O2O`, `O2M`, `M2M`, `Reorg`, `Shuffle` and colours `green`, "
+            "`yellow`, `red`; on the command line `-O table3=O2M:M2M=green,...` (above).")
+    symbolic_hint: dict | None = _opt(
+        "sizes", None,
+        doc="Ours: `{name: size}`, e.g. `{\"seq\": 128, \"batch\": 4}`, the size a symbolic "
+            "dimension (an ONNX `dim_param`) is costed at wherever a number is needed (bytes, "
+            "FLOPs, yellow cells, tile choices); the module itself stays symbolic and runs at "
+            "every size. Unnamed dimensions: 1 for batch-like names (`batch`, `batch_size`, "
+            "`bs`, `n`, `b`), 128 otherwise (`tvm_fusion/symbolic.py`).")
+
+
+@dataclass(frozen=True)
+class Rewriting(_Group):
+    """Rewriting by mathematical properties, before legalisation (DNNFusion §4.2;
+    docs/rewrite.md)."""
+
+    rewrite: bool = _opt("bool", True, doc="Run `RewriteByMathProperties` (DNNFusion §4.2).")
+    rewrite_rules: list | None = _opt(
+        "rules", None,
+        doc="The rules to use, by name (DNNFusion Table 4; docs/rewrite.md lists them); "
+            "`None`: all rules.")
+    allow_fp_reassociation: bool = _opt(
+        "bool", True,
+        doc="`False` keeps only the rewrites that are exact in IEEE arithmetic (DNNFusion "
+            "notes, erratum 5): reassociation changes rounding, `Exp`/`Recip` merges overflow.")
+
+
+@dataclass(frozen=True)
+class SmartMem(_Group):
+    """Data layout: SmartMem's layout-transform elimination before planning
+    (docs/smartmem.md), and DNNFusion §6's packed conv layout."""
+
+    layout: bool = _opt("bool", True, doc="Run SmartMem's `EliminateLayoutTransforms`.")
+    layout_policy: str = _opt(
+        "choice", "reduction", choices=LAYOUT_POLICIES,
+        doc="Which dimension a consumer wants contiguous: `reduction` (SmartMem §3.2.2: its "
+            "reduction dimension) or `vector` (the output's innermost axis; slower on our CPU "
+            "schedules, docs/smartmem.md).")
+    layout_copies: int = _opt(
+        "int", 1, low=0,
+        doc="Extra layouts a producer may write when its consumers want more than one "
+            "(SmartMem's redundant copies).")
+    fuse_epilogues: bool = _opt(
+        "bool", True,
+        doc="SmartMem Table 5's *try fuse*: an ILD&Variable operator and its single "
+            "ILI&Variable consumer (bias, activation) fuse during the elimination, so the "
+            "planner cannot make the consumer the next anchor's prologue instead.")
+    conv_layout: str = _opt(
+        "choice", "auto", choices=CONV_LAYOUTS,
+        doc="DNNFusion §6 inter-block layout: on `llvm` targets dense convs are packed to "
+            "`NCHW{lanes}c` (TVM's `ConvertLayout`, TOPI `conv2d_NCHWc`); `auto` skips models "
+            "with grouped/depthwise convs (a layout change on every dense/grouped edge) and "
+            "keeps NCHW when `conv_chains` is on; `strategy=\"dnnfusion\"` only (Apollo plans "
+            "the graph as imported); tvm_fusion/layout/conv_pack.py.")
+
+
+@dataclass(frozen=True)
+class OptiFX(_Group):
+    """Chains of convolutions fused into one kernel (OptiFX; docs/optifx.md)."""
+
+    conv_chains: str = _opt(
+        "choice", "off", choices=CONV_CHAINS,
+        doc="OptiFX Algorithm 1/2: conv→conv chains fused when the per-kernel roofline "
+            "improves by 1.05 (`cost_model`), or by the literal aggregate-intensity rule "
+            "(`paper_1.05`); with `profile=\"measure\"` every candidate chain is timed fused and "
+            "as planned, and the measurement decides. `off` by default: small gains on CPU.")
+
+
+@dataclass(frozen=True)
+class Apollo(_Group):
+    """Apollo's partitioner, for `strategy="apollo"` (docs/apollo.md)."""
+
+    apollo_rules: str = _opt(
+        "choice", "practical", choices=APOLLO_RULES,
+        doc="Apollo Table 1's rules: `practical`, or `paper`, exactly the extracted table.")
+    apollo_layers: int = _opt(
+        "int", 3, low=1, high=3,
+        doc="Apollo §4's layers: 1 is Layer I only, 2 adds memory stitching, 3 parallelism "
+            "stitching.")
+    apollo_max_branches: int = _opt(
+        "int", 7, low=2, high=7,
+        doc="At most this many branches per stitched kernel (Apollo Appendix A).")
+    apollo_stitch_bytes: int = _opt(
+        "int", 32 << 20, low=1,
+        doc="Layer III's resource check (ours): the largest working set of a packed kernel, "
+            "in bytes.")
+    apollo_schedule_budget_s: float = _opt(
+        "float", 60.0, low=0,
+        doc="Apollo §3's \"reasonable time\": a schedule that takes longer splits its "
+            "partition (notes §3.3).")
+    apollo_feedback_rounds: int = _opt(
+        "int", 4, low=1, doc="Plan/build rounds of the feedback loop, at most.")
+    apollo_blocklist: str = _opt(
+        "choice", "db", choices=APOLLO_BLOCKLIST,
+        doc="Where merges the scheduler sent back are remembered: `db`, in `profile_db` (table "
+            "`apollo_blocklist`), so later builds never try them; `memory`, this build only.")
+
+
+@dataclass(frozen=True)
+class Scheduling(_Group):
+    """Fused code generation (DNNFusion §4.4; docs/codegen.md)."""
+
+    schedule: bool = _opt(
+        "bool", True,
+        doc="CPU targets: `ScheduleFusedBlocks`, one loop nest per fused block.")
+    fast_math: bool = _opt(
+        "bool", True,
+        doc="Ours: scheduled CPU code uses vectorisable float32 exp/erf/tanh/sigmoid; `False`: "
+            "TVM's exact ones.")
+
+
+@dataclass(frozen=True)
+class Profiling(_Group):
+    """Yellow cells: whether a Table 3 \"fuse depending on profiling\" pair fuses (DNNFusion
+    §4.3; docs/profiling.md)."""
+
+    profile: str = _opt(
+        "choice", "db", choices=PROFILE_MODES,
+        doc="`db` looks the pair up in the profiling database (a missing database falls back "
+            "to the analytic oracle and says so), `measure` also builds and times what is "
+            "missing and stores it, `off` asks the analytic oracle only.")
+    profile_db: str | None = _opt(
+        "path", None,
+        doc="The profiling database (its location is ours); `None`: `$TVM_FUSION_DB`, else "
+            "`~/.cache/tvm_fusion/profiling.db`.")
+    latency_model: str | None = _opt(
+        "path", None,
+        doc="Ours: a trained XGBoost latency model, asked when the database has no entry.")
+    flops_per_byte: float = _opt(
+        "float", 10.0, low=0,
+        doc="The analytic oracle (ours), asked when nothing else decides: the recomputed FLOPs "
+            "one saved byte of intermediate traffic pays for.")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Every option of a tvm_fusion build, by group; frozen, and valid once made.
+
+    ``Options()`` is the defaults; :meth:`from_kwargs` takes the flat keywords of
+    ``Sequential(target, **options)`` (and ``preset``); :meth:`replace` changes some.
+    """
+
+    planning: Planning = field(default_factory=Planning)
+    rewriting: Rewriting = field(default_factory=Rewriting)
+    smartmem: SmartMem = field(default_factory=SmartMem)
+    optifx: OptiFX = field(default_factory=OptiFX)
+    apollo: Apollo = field(default_factory=Apollo)
+    scheduling: Scheduling = field(default_factory=Scheduling)
+    profiling: Profiling = field(default_factory=Profiling)
+
+    @classmethod
+    def from_kwargs(cls, **options) -> Options:
+        """Options from flat keywords (``strategy="apollo"``, ``layout=False``, ...), each
+        checked; ``preset`` (:data:`PRESETS`) first, the others over it.
+
+        Raises ``OptionError`` (a ``ValueError``) naming the first unknown option or bad value.
+        """
+        options = _expand_preset(options)
+        unknown = sorted(set(options) - set(_BY_NAME))
+        if unknown:
+            _spec(unknown[0])
+        return cls(**{group: GROUPS[group](**{name: options[name] for name in names
+                                              if name in options})
+                      for group, names in _NAMES.items()})
+
+    @classmethod
+    def preset(cls, name: str) -> Options:
+        """The options of a preset (:data:`PRESETS`)."""
+        return cls.from_kwargs(preset=name)
+
+    def replace(self, **options) -> Options:
+        """A copy with ``options`` (flat keywords, as :meth:`from_kwargs`) changed."""
+        return Options.from_kwargs(**{**self.to_kwargs(), **_expand_preset(options)})
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """Every option by its flat name: what :meth:`from_kwargs` takes back."""
+        return {name: getattr(getattr(self, group), name)
+                for group, names in _NAMES.items() for name in names}
+
+
+#: The groups, by their field of :class:`Options`.
+GROUPS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Options)}
+_NAMES: dict[str, tuple[str, ...]] = {
+    group: tuple(f.name for f in dataclasses.fields(cls)) for group, cls in GROUPS.items()}
+
+#: Every option, group by group, as the fields declare it.
+SCHEMA: tuple[Option, ...] = tuple(
+    Option(f.name, default=f.default, group=group, **f.metadata)
+    for group, cls in GROUPS.items() for f in dataclasses.fields(cls))
 _BY_NAME = {o.name: o for o in SCHEMA}
 
-# Every option of Sequential with its default (the paper's value where it gives one).
+#: Every option by its flat name, with its default (the paper's value where it gives one).
 OPTIONS: dict[str, Any] = {o.name: o.default for o in SCHEMA}
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named set of options (as ONNX Runtime's optimisation levels are); options given with
+    it win over it."""
+
+    sets: dict[str, Any]
+    doc: str
+
+
+PRESETS: dict[str, Preset] = {
+    "conservative": Preset(
+        {"allow_fp_reassociation": False, "fast_math": False, "profile": "off"},
+        "Numerics closest to stock TVM's and a plan that depends on nothing but the model: "
+        "only IEEE-exact rewrites, TVM's exact transcendental functions, yellow cells from the "
+        "analytic oracle (no profiling database)."),
+    "default": Preset({}, "The defaults."),
+    "aggressive": Preset(
+        {"conv_chains": "cost_model", "profile": "measure"},
+        "Fewer kernels where launches dominate (GPUs, phones): OptiFX conv chains, and yellow "
+        "cells and chains not in the profiling database built and timed on this machine "
+        "during the build (which then takes longer)."),
+}
+_PRESET = Option("preset", "choice", None, tuple(PRESETS),
+                 doc="A named set of options (`PRESETS`), applied before the others.")
 
 
 class OptionError(ValueError):
     """A bad option name or value; the message names the option and what it accepts."""
 
 
-def _option(name: str) -> Option:
+# What became of the options that were outputs or hooks, for the error that names them.
+_MOVED = {
+    "record": "plans are collected by tvm_fusion.instrument.Collector",
+    "rewrite_record": "rewrite statistics are collected by tvm_fusion.instrument.Collector",
+    "apollo_fail_hook": "a test hook: ApolloFuse(fail_hook=...), or Sequential's "
+                        "apollo_fail_hook argument",
+}
+
+
+def _spec(name: str) -> Option:
+    if name == "preset":
+        return _PRESET
     if name not in _BY_NAME:
-        raise OptionError(
-            f"unknown tvm_fusion option {name!r}; valid options: {', '.join(OPTIONS)}")
+        moved = f" ({_MOVED[name]})" if name in _MOVED else ""
+        raise OptionError(f"unknown tvm_fusion option {name!r}{moved}; valid options: "
+                          f"{', '.join(OPTIONS)}, preset")
     return _BY_NAME[name]
 
 
-def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Every option with its default, ``options`` validated and normalised over them.
-
-    Raises ``OptionError`` (a ``ValueError``) naming the first unknown option or bad value.
-    Numbers are normalised (an ``int`` for an integer option, a ``float`` for a float one) and
-    ``table3`` becomes ``{(first, second): colour}`` with the canonical names.
-    """
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        _option(unknown[0])
-    merged = dict(OPTIONS)
-    for name, value in options.items():
-        merged[name] = _check_value(_BY_NAME[name], value)
-    return merged
+def _expand_preset(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with ``preset`` replaced by what it sets (the options given win)."""
+    options = dict(options)
+    if "preset" not in options:
+        return options
+    return {**PRESETS[_check_value(_PRESET, options.pop("preset"))].sets, **options}
 
 
 def check_option(name: str, value: Any) -> Any:
-    """One option's value, validated and normalised as :func:`check_options` does."""
-    return _check_value(_option(name), value)
+    """One option's value, validated and normalised as :class:`Options` does.
+
+    Numbers are normalised (an ``int`` for an integer option, a ``float`` for a float one) and
+    ``table3`` becomes ``{(first, second): colour}`` with the canonical names.
+    """
+    return _check_value(_spec(name), value)
 
 
 def _bad(opt: Option, value: Any, why: str, cli: bool = False) -> OptionError:
@@ -225,19 +464,12 @@ def _check_value(opt: Option, value: Any) -> Any:
         return rules
     if kind == "table3":
         return _check_table3(opt, value)
-    if kind == "sizes":
-        if not isinstance(value, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, numbers.Integral) and not isinstance(v, bool)
-                and v >= 1 for k, v in value.items()):
-            raise _bad(opt, value, "is not a mapping of names to positive sizes")
-        return {k: int(v) for k, v in value.items()}
-    if kind == "list":
-        if callable(getattr(value, "append", None)):
-            return value
-        raise _bad(opt, value, "is not a list")
-    if callable(value):  # hook
-        return value
-    raise _bad(opt, value, "is not callable")
+    # sizes
+    if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, numbers.Integral) and not isinstance(v, bool)
+            and v >= 1 for k, v in value.items()):
+        raise _bad(opt, value, "is not a mapping of names to positive sizes")
+    return {k: int(v) for k, v in value.items()}
 
 
 def _is_numpy_bool(value: Any) -> bool:
@@ -298,7 +530,8 @@ _INT = re.compile(r"[+-]?\d+")
 
 
 def parse_cli_options(pairs: Iterable[str] | None) -> dict[str, Any]:
-    """``-O key=value`` pairs as a dict of checked values (only the options given)."""
+    """``-O key=value`` pairs as a dict of checked values (only the options given, ``preset``
+    included: :meth:`Options.from_kwargs` applies it)."""
     options = {}
     for pair in pairs or []:
         if "=" not in pair:
@@ -316,12 +549,9 @@ def parse_cli_option(name: str, text: str) -> Any:
     comma-separated names or a JSON list, ``none`` for all rules. ``table3``: see
     :func:`parse_table3`.
     """
-    opt = _option(name)
+    opt = _spec(name)
     text = text.strip()
     kind = opt.kind
-    if not opt.cli:
-        raise OptionError(f"option {name} cannot be set on the command line; accepted: "
-                          f"{opt.accepted()}")
     if kind == "bool":
         if text.lower() in _TRUE + _FALSE:
             return text.lower() in _TRUE

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import onnx
+import tvm
 
 from .compile import (
     ModelError,
@@ -25,6 +26,7 @@ from .compile import (
     run,
 )
 from .feeds import random_inputs, run_shapes
+from .instrument import Collector
 from .numerics import compare, max_abs_error, onnx_reference, tolerance_for
 from .relay_passes.plan_fusion import ModulePlan
 from .relay_passes.rejection import describe
@@ -96,9 +98,10 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
                                "plan and compile without running")
     mod = import_onnx(model)
     stock_mod = fuse(mod, target, strategy="tvm")
-    record: list[ModulePlan] = []
-    rewrites: list = []
-    fused_mod = fuse(mod, target, record=record, rewrite_record=rewrites, **options)
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        fused_mod = fuse(mod, target, **options)
+    record, rewrites = collector.plans, collector.rewrite_stats
     # "Before fusion" is the model as imported: no rewriting, no layout elimination (which
     # pre-fuses), so operators, CIL/MIL, the anchor bound and IRS-before are the model's own.
     original = _plan_only(mod, target, options.get("symbolic_hint"))
@@ -199,11 +202,10 @@ def _plan_only(mod, target, symbolic_hint=None) -> ModulePlan:
     from .transform import Sequential
 
     tgt = to_target(target)
-    record: list[ModulePlan] = []
-    with tgt:
-        Sequential(tgt, record=record, rewrite=False, layout=False,
-                   symbolic_hint=symbolic_hint)(mod)
-    return record[0]
+    collector = Collector()
+    with tgt, tvm.transform.PassContext(instruments=[collector]):
+        Sequential(tgt, rewrite=False, layout=False, symbolic_hint=symbolic_hint)(mod)
+    return collector.plans[0]
 
 
 def format_report(report: ModelReport, why: bool = False) -> str:

@@ -12,13 +12,15 @@ mapping-type annotation, DNNFusion planning (yellow cells from the profiling dat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import tvm
 from tvm import relax
 
 from .layout.conv_pack import PackConvs
 from .layout.smartmem import EliminateLayoutTransforms
 from .native_log import filtered_stderr
-from .options import OPTIONS, check_options
+from .options import OPTIONS, Options
 from .relay_passes.fusion_plan import AnalyticOracle, PlanOptions
 from .relay_passes.fusion_table import FusionTable
 from .relay_passes.mapping_type import AnnotateMappingType
@@ -33,13 +35,12 @@ __all__ = [
     "legalize_passes", "make_plan_options",
 ]
 
-# The options' table (names, types, accepted values, defaults) and their checking live in
+# The options (names, types, accepted values, defaults) and their checking live in
 # tvm_fusion.options; OPTIONS (name -> default) stays importable from here.
-_check_options = check_options  # the old private name; layout/pipeline.py still calls it
 
 
-def make_plan_options(**options) -> PlanOptions:
-    """The planner knobs from Sequential-style keyword options (others are ignored).
+def make_plan_options(options: Options) -> PlanOptions:
+    """The planner knobs of ``options``.
 
     Yellow cells go to the profiling database (``profile``), then the latency model, then the
     analytic default; entries are keyed by the schedule that timed them, so a build without
@@ -47,25 +48,26 @@ def make_plan_options(**options) -> PlanOptions:
     """
     from .tuning.oracle import make_oracle
 
-    opts = check_options(options)
-    if not opts["schedule"]:
+    planning, profiling = options.planning, options.profiling
+    if not options.scheduling.schedule:
         schedule_id = "unscheduled"
     else:
-        schedule_id = None if opts["fast_math"] else "fused_block-exact"
+        schedule_id = None if options.scheduling.fast_math else "fused_block-exact"
     return PlanOptions(
-        table=FusionTable(opts["table3"]),
-        oracle=make_oracle(opts["profile"], opts["profile_db"], opts["latency_model"],
-                           fallback=AnalyticOracle(float(opts["flops_per_byte"])),
+        table=FusionTable(planning.table3),
+        oracle=make_oracle(profiling.profile, profiling.profile_db, profiling.latency_model,
+                           fallback=AnalyticOracle(profiling.flops_per_byte),
                            strategy=schedule_id),
-        max_ops_per_block=int(opts["max_ops_per_block"]),
-        seed_policy=opts["seed_policy"],
-        prefer_epilogues=bool(opts["prefer_epilogues"]),
-        conv_chains=opts["conv_chains"],
+        max_ops_per_block=planning.max_ops_per_block,
+        seed_policy=planning.seed_policy,
+        prefer_epilogues=planning.prefer_epilogues,
+        conv_chains=options.optifx.conv_chains,
     )
 
 
 def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it stands in for)
-    target: tvm.target.Target | str | dict | None = None, **options
+    target: tvm.target.Target | str | dict | None = None, options: Options | None = None, *,
+    apollo_fail_hook: Callable | None = None, **kwargs
 ) -> tvm.transform.Pass:
     """The tvm_fusion graph passes, from high-level Relax to fused PrimFuncs.
 
@@ -76,19 +78,26 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
         ``Target.current()`` and then ``llvm``. Library dispatch (sort/scan/sampling) follows it.
         A bare ``llvm`` on x86-64 (SSE2) warns once: name the CPU
         (:func:`tvm_fusion.target.host_target` for this machine).
-    **options
-        See :data:`OPTIONS` and docs/options.md; an unknown option, or a value of the wrong
-        type or outside the accepted set, raises ``ValueError`` naming it.
+    options
+        The build's :class:`~tvm_fusion.options.Options` (default: the defaults).
+    apollo_fail_hook
+        ``fail_hook(function_name, primfunc) -> bool``, handed to ``ApolloFuse``: fails the
+        schedules it picks, to exercise the feedback loop (tests).
+    **kwargs
+        Options by their flat names (``layout=False``, ``preset="conservative"``), over
+        ``options``; see docs/options.md. An unknown option, or a value of the wrong type or
+        outside the accepted set, raises ``ValueError`` naming it.
 
     Returns
     -------
     tvm.transform.Pass
         A pass that composes with ``tvm.transform.Sequential`` and ``PassContext``.
     """
-    opts = check_options(options)
-    plan_options = make_plan_options(**opts)
+    opts = (options or Options()).replace(**kwargs)
+    plan_options = make_plan_options(opts)
     resolved = _resolve_target(target)
-    hints = opts["symbolic_hint"] or {}
+    strategy = opts.planning.strategy
+    hints = opts.planning.symbolic_hint or {}
     if resolved is not None:
         warn_if_bare_llvm(resolved)  # once per process: "llvm" on x86-64 is SSE2
 
@@ -102,57 +111,60 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
     def _passes(mod: tvm.IRModule) -> tvm.IRModule:
         tgt = resolved or tvm.target.Target.current() or tvm.target.Target("llvm")
         warn_if_bare_llvm(tgt)
-        ours = opts["strategy"] != "tvm"  # "tvm" is stock TVM's graph passes, kept pure
+        ours = strategy != "tvm"  # "tvm" is stock TVM's graph passes, kept pure
+        rewriting, smartmem = opts.rewriting, opts.smartmem
         passes = []
-        if ours and opts["rewrite"]:
-            passes.append(RewriteByMathProperties(
-                opts["rewrite_rules"], bool(opts["allow_fp_reassociation"]),
-                opts["rewrite_record"]))
-        if opts["strategy"] == "dnnfusion":  # §6 inter-block layout: packed convs on CPU
+        if ours and rewriting.rewrite:
+            passes.append(RewriteByMathProperties(rewriting.rewrite_rules,
+                                                  rewriting.allow_fp_reassociation))
+        if strategy == "dnnfusion":  # §6 inter-block layout: packed convs on CPU
             # OptiFX's templates take NCHW region ops: with conv_chains on, "auto" keeps NCHW
-            layout = opts["conv_layout"]
-            if layout == "auto" and opts["conv_chains"] != "off":
+            layout = smartmem.conv_layout
+            if layout == "auto" and opts.optifx.conv_chains != "off":
                 layout = "NCHW"
             passes.append(PackConvs(tgt, layout))
         passes += legalize_passes(tgt)
-        if ours and opts["layout"]:
-            passes.append(EliminateLayoutTransforms(tgt, opts["layout_policy"],
-                                                    int(opts["layout_copies"])))
-        passes.append(AnnotateMappingType(opts["broadcast_policy"]))
+        if ours and smartmem.layout:
+            passes.append(EliminateLayoutTransforms(tgt, smartmem.layout_policy,
+                                                    smartmem.layout_copies,
+                                                    smartmem.fuse_epilogues))
+        passes.append(AnnotateMappingType(opts.planning.broadcast_policy))
         # ---- Apollo: plan → FuseTIR → schedule with feedback, in one pass (apollo_feedback.py)
-        if opts["strategy"] == "apollo":
-            passes.append(_apollo_pass(opts, tgt))
+        if strategy == "apollo":
+            passes.append(_apollo_pass(opts, tgt, apollo_fail_hook))
             with tgt, symbolic_hints(hints):
                 return tvm.transform.Sequential(passes)(mod)
         # ---- end Apollo
         passes += [
-            PlanFusion(opts["strategy"], plan_options, opts["broadcast_policy"], opts["record"]),
+            PlanFusion(strategy, plan_options, opts.planning.broadcast_policy),
             relax.transform.FuseTIR(),
         ]
-        if opts["schedule"] and tgt.kind.name == "llvm":
-            passes.append(ScheduleFusedBlocks(tgt, fast_math=bool(opts["fast_math"])))
+        if opts.scheduling.schedule and tgt.kind.name == "llvm":
+            passes.append(ScheduleFusedBlocks(tgt, fast_math=opts.scheduling.fast_math))
         with tgt, symbolic_hints(hints):  # symbolic dims' sizes for every cost decision
             return tvm.transform.Sequential(passes)(mod)
 
     return _sequential
 
 
-def _apollo_pass(opts: dict, target: tvm.target.Target) -> tvm.transform.Pass:
+def _apollo_pass(opts: Options, target: tvm.target.Target,
+                 fail_hook: Callable | None) -> tvm.transform.Pass:
     """Apollo's PlanFusion + FuseTIR + ScheduleFusedBlocks with the feedback loop."""
     from .relay_passes.apollo.feedback import ApolloFuse, Blocklist
     from .relay_passes.apollo.partition import ApolloOptions
     from .tuning.database import default_path
 
-    blocklist = Blocklist(opts["profile_db"] or default_path(), str(target.kind.name),
-                          persist=opts["apollo_blocklist"] == "db")
-    options = ApolloOptions(rules=opts["apollo_rules"], layers=int(opts["apollo_layers"]),
-                            max_branches=int(opts["apollo_max_branches"]),
-                            stitch_bytes=int(opts["apollo_stitch_bytes"]))
-    return ApolloFuse(options, opts["broadcast_policy"], schedule=bool(opts["schedule"]),
-                      fast_math=bool(opts["fast_math"]),
-                      schedule_budget_s=float(opts["apollo_schedule_budget_s"]),
-                      rounds=int(opts["apollo_feedback_rounds"]), blocklist=blocklist,
-                      fail_hook=opts["apollo_fail_hook"], record=opts["record"])
+    apollo, scheduling = opts.apollo, opts.scheduling
+    blocklist = Blocklist(opts.profiling.profile_db or default_path(), str(target.kind.name),
+                          persist=apollo.apollo_blocklist == "db")
+    options = ApolloOptions(rules=apollo.apollo_rules, layers=apollo.apollo_layers,
+                            max_branches=apollo.apollo_max_branches,
+                            stitch_bytes=apollo.apollo_stitch_bytes)
+    return ApolloFuse(options, opts.planning.broadcast_policy, schedule=scheduling.schedule,
+                      fast_math=scheduling.fast_math,
+                      schedule_budget_s=apollo.apollo_schedule_budget_s,
+                      rounds=apollo.apollo_feedback_rounds, blocklist=blocklist,
+                      fail_hook=fail_hook)
 
 
 def legalize_passes(target: tvm.target.Target) -> list:

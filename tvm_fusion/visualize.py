@@ -314,19 +314,22 @@ def visualize(mod_or_model, target="llvm", title: str | None = None, **options) 
     """Plan an ONNX model (a path or a ``ModelProto``) or an imported Relax module with
     tvm_fusion and with stock FuseOps, and draw both. ``options`` are tvm_fusion's options."""
     import onnx
+    import tvm
 
     from .compile import count_kernels, fuse, import_onnx, load_onnx
+    from .instrument import Collector
 
     if isinstance(mod_or_model, str):
         title = title or mod_or_model
         mod_or_model = load_onnx(mod_or_model)
     mod = import_onnx(mod_or_model) if isinstance(mod_or_model, onnx.ModelProto) else mod_or_model
-    record: list = []
-    fused = fuse(mod, target, record=record, **options)
-    if not record:
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        fused = fuse(mod, target, **options)
+    if not collector.plans:
         raise ValueError("visualize: the planner recorded no plan (strategy='tvm' has none)")
     stock = fuse(mod, target, strategy="tvm")
-    return picture(record[0], stock, title or "fusion plan", count_kernels(fused))
+    return picture(collector.plans[0], stock, title or "fusion plan", count_kernels(fused))
 
 
 def _cell(node: Node) -> str:

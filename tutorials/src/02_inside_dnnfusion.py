@@ -43,14 +43,18 @@ print(f"encoder layer: {len(model.graph.node)} ONNX nodes;",
 # permuted *Shuffle*, mixed by a bijective index map *Reorganize*, a missing iterator or a
 # data-dependent index *One-to-Many*. We run the pipeline with only the planner (no
 # rewriting, no SmartMem elimination, `profile="off"` so that yellow cells use the analytic
-# oracle) and keep its record, the Extended Computational Graph (ECG) and the plan.
+# oracle) and keep its record, the Extended Computational Graph (ECG) and the plan: a
+# `Collector` (a TVM pass instrument) receives what the passes produce while its
+# `PassContext` is active.
 
 # %%
-record = []
-with target:
+from tvm_fusion.instrument import Collector
+
+collector = Collector()
+with target, tvm.transform.PassContext(instruments=[collector]):
     planned = tvm_fusion.transform.Sequential(
-        target, rewrite=False, layout=False, profile="off", record=record)(mod)
-(plan,) = record[0].plans.values()  # one dataflow block
+        target, rewrite=False, layout=False, profile="off")(mod)
+(plan,) = collector.plans[0].plans.values()  # one dataflow block
 ecg = plan.ecg
 block_of = {m: k for k, b in enumerate(plan.blocks) for m in b.members}
 
@@ -214,12 +218,14 @@ with bb.function("main", [a, b, c]):
         out = bb.emit_output(relax.op.add(ac, ab))
     bb.emit_func_output(out)
 toy = bb.get()
-stats = []
-rewritten = RewriteByMathProperties(record=stats)(toy)
+collector = Collector()
+with tvm.transform.PassContext(instruments=[collector]):
+    rewritten = RewriteByMathProperties()(toy)
+(stats,) = collector.rewrite_stats
 print("before:\n" + toy["main"].script())
 print("after:\n" + rewritten["main"].script())
-print(f"FLOPs {stats[0].flops_before} -> {stats[0].flops_after};",
-      f"rules fired: {dict(stats[0].fired)}")
+print(f"FLOPs {stats.flops_before} -> {stats.flops_after};",
+      f"rules fired: {dict(stats.fired)}")
 
 # %% [markdown]
 # On the encoder layer the rules that fire are structural: the Q, K and V projections read
@@ -230,9 +236,10 @@ print(f"FLOPs {stats[0].flops_before} -> {stats[0].flops_after};",
 # (`scale_across_matmul`).
 
 # %%
-stats = []
-rewritten = RewriteByMathProperties(record=stats)(mod)
-s = stats[0]
+collector = Collector()
+with tvm.transform.PassContext(instruments=[collector]):
+    rewritten = RewriteByMathProperties()(mod)
+(s,) = collector.rewrite_stats
 print(f"FLOPs: {s.flops_before / 1e6:.3f} M -> {s.flops_after / 1e6:.3f} M "
       f"({100 * (s.flops_before - s.flops_after) / s.flops_before:.2f} % saved)")
 print("rules fired:", dict(s.fired))

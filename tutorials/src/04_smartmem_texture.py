@@ -48,10 +48,11 @@ display(Markdown(tables_markdown()))
 
 # %% [markdown]
 # `EliminateLayoutTransforms` runs on legalised Relax, before the DNNFusion planner. Its
-# record has the class of every operator and, for every chain of Fixed operators, the
-# composed load map and what was done with it:
+# record (collected by a `Collector`, a TVM pass instrument) has the class of every operator
+# and, for every chain of Fixed operators, the composed load map and what was done with it:
 
 # %%
+from tvm_fusion.instrument import Collector
 from tvm_fusion.layout.smartmem import EliminateLayoutTransforms
 
 with LLVM:
@@ -59,10 +60,10 @@ with LLVM:
 primfunc_of = {b.var.name: b.value.args[0].name_hint
                for b in legalized["main"].body.blocks[0].bindings
                if isinstance(b.value, tvm.relax.Call) and b.value.op.name == "relax.call_tir"}
-layout_record = []
-with LLVM:
-    eliminated = EliminateLayoutTransforms(LLVM, record=layout_record)(legalized)
-(block,) = layout_record
+collector = Collector()
+with LLVM, tvm.transform.PassContext(instruments=[collector]):
+    eliminated = EliminateLayoutTransforms(LLVM)(legalized)
+(block,) = collector.layout_blocks
 rows = ["| result | PrimFunc | SmartMem class |", "|---|---|---|"]
 rows += [f"| `{var}` | `{primfunc_of.get(var, '?')}` | {cls} |"
          for var, cls in block.classes.items()]
@@ -183,10 +184,11 @@ from tvm_fusion.layout.pipeline import opencl_module
 TEXTURE = "qcom/adreno-opencl-texture"
 small = swin_window_attention(resolution=14)
 small_mod = import_onnx(small)
-texture_record = []
-texture_mod = opencl_module(small_mod, TEXTURE, texture_record=texture_record)
+collector = Collector()
+with tvm.transform.PassContext(instruments=[collector]):
+    texture_mod = opencl_module(small_mod, TEXTURE)
 rows = ["| tensor | shape | texture layout | why |", "|---|---|---|---|"]
-for d in texture_record:
+for d in collector.texture_decisions:
     rows.append(f"| `{d.tensor}` | {'×'.join(map(str, d.shape))} | "
                 f"{d.layout.describe().split(': ', 1)[1] if d.layout else 'buffer'} | {d.reason} |")
 display(Markdown("\n".join(rows)))

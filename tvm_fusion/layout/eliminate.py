@@ -19,7 +19,8 @@ Per dataflow block:
    the accumulator).
 
 The planner then sees neighbours that already contain the index arithmetic; no Fixed operator
-is left as an operator of its own. Every decision is recorded (``record=[]``) with its reason.
+is left as an operator of its own. Every decision is recorded with its reason
+(:class:`BlockRecord`, collected by :class:`tvm_fusion.instrument.Collector`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import tvm
 from tvm import relax, s_tir, te, tirx
 from tvm.ir.expr import GenericConst
 
+from ..instrument import emit
 from ..relay_passes.grouping import group_bindings, is_primitive
 from ..relay_passes.mapping_type import analyze_primfunc, classify, num_primfunc_outputs
 from ..symbolic import takes_sizes
@@ -109,16 +111,17 @@ class EliminationOptions:
 
 
 def eliminate_layout_transforms(mod: tvm.IRModule, options: EliminationOptions,
-                                policy: str, record: list | None = None) -> tvm.IRModule:
-    """Run the elimination on every non-primitive Relax function of a legalized module."""
+                                policy: str) -> tvm.IRModule:
+    """Run the elimination on every non-primitive Relax function of a legalized module; each
+    block's :class:`BlockRecord` goes to the active :class:`tvm_fusion.instrument.Collector`."""
     rewriter = _Rewriter(mod, options, policy)
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and not is_primitive(func):
             rewriter.function = gvar.name_hint
             rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
     rewritten = rewriter.builder_.get()
-    if record is not None:
-        record.extend(rewriter.records)
+    for block_record in rewriter.records:
+        emit("layout_blocks", block_record)
     if not rewriter.groups:
         return relax.transform.DeadCodeElimination()(rewritten)
     groups = rewriter.groups

@@ -18,6 +18,7 @@ import tvm
 
 from ..compile import count_kernels, fuse, graph_input_names, import_onnx, load_onnx, run
 from ..feeds import random_inputs
+from ..instrument import Collector
 from ..models.swin import swin_window_attention
 from ..numerics import max_abs_error
 from .metrics import count_data_movement_kernels
@@ -41,16 +42,17 @@ def count_row(path: Path) -> dict:
     row = {"model": path.stem, "stock": count_kernels(stock),
            "stock_moves": count_data_movement_kernels(stock)}
     for layout in (False, True):
-        record: list = []
-        options = {"layout_record": record} if layout else {}
-        with LLVM:
+        # with the elimination: an explicit policy takes graph_passes' own path (no rewriting)
+        options = {"layout_policy": "reduction"} if layout else {}
+        collector = Collector()
+        with LLVM, tvm.transform.PassContext(instruments=[collector]):
             fused = graph_passes(LLVM, layout=layout, schedule=False, **options)(mod)
         key = "smartmem" if layout else "dnnfusion"
         row[key] = count_kernels(fused)
         row[key + "_moves"] = count_data_movement_kernels(fused)
         if layout:
-            row["eliminated"] = sum(r.eliminated for r in record)
-            row["copies"] = sum(r.layout_copies for r in record)
+            row["eliminated"] = sum(r.eliminated for r in collector.layout_blocks)
+            row["copies"] = sum(r.layout_copies for r in collector.layout_blocks)
     return row
 
 
@@ -87,7 +89,7 @@ def build(mod: tvm.IRModule, layout: bool, strategy: str = "dnnfusion"):
             # an explicit policy takes graph_passes' own path, which honours layout=True
             # under either strategy (Sequential keeps strategy="tvm" pure stock)
             graph = graph_passes(LLVM, layout=layout, schedule=False, strategy=strategy,
-                                 policy="reduction")
+                                 layout_policy="reduction")
             passes = [graph, schedule_or_leave]
             passes += backend.dataflow_lower_passes(LLVM) + backend.finalize_passes(LLVM)
             return tvm.transform.Sequential(passes)(m)

@@ -7,8 +7,9 @@ schedules after ``FuseTIR``; the TIR pipeline that lowers textures correctly at 
         → FuseTIR → [CPU: ScheduleFusedBlocks] [OpenCL: AnnotateTextureScopes,
         ScheduleTextureKernels] → TVM's dataflow lowering → tir_pipeline="tvm_fusion_adreno"
 
-:func:`graph_passes` uses ``tvm_fusion.transform.Sequential(layout=...)`` once that option is
-wired in, and assembles the same passes itself until then.
+:func:`graph_passes` is ``tvm_fusion.transform.Sequential(layout=...)``; given one of SmartMem's
+options explicitly it assembles the elimination and the planner alone, for SmartMem's
+measurements (:mod:`.measure`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import importlib
 import tvm
 from tvm import relax
 
+from ..options import Options
 from .smartmem import EliminateLayoutTransforms
 from .texture import AnnotateTextureScopes, ScheduleTextureKernels
 from .texture_lower import OUR_PIPELINE, register_tir_pipelines
 
-_OWN_OPTIONS = ("policy", "max_layout_copies", "fuse_epilogues", "layout_record")
+# SmartMem's options: given explicitly, graph_passes assembles the passes itself (below)
+_SMARTMEM_OPTIONS = ("layout_policy", "layout_copies", "fuse_epilogues")
 
 
 def _target(target) -> tvm.target.Target:
@@ -41,53 +44,55 @@ def graph_passes(target, layout: bool = True, fuse: bool = True, **options) -> t
     """The tvm_fusion graph passes with SmartMem's elimination (``layout=True``) or without.
 
     ``fuse=False`` stops after legalisation (and elimination): one kernel per operator, for
-    kernel-level tests. ``options`` are :data:`tvm_fusion.transform.OPTIONS` plus ``policy``,
-    ``max_layout_copies``, ``fuse_epilogues`` and ``layout_record`` for the elimination.
+    kernel-level tests. ``options`` are tvm_fusion's options by flat name (docs/options.md);
+    with one of SmartMem's (``layout_policy``, ``layout_copies``, ``fuse_epilogues``) given, the
+    elimination runs before the planner alone (no rewriting, no conv packing, under
+    ``strategy="tvm"`` too), the way SmartMem's measurements compare it.
     """
     from .. import transform
 
     tgt = _target(target)
-    own = {k: options.pop(k) for k in _OWN_OPTIONS if k in options}
-    eliminate = EliminateLayoutTransforms(
-        tgt, own.get("policy", "reduction"), own.get("max_layout_copies", 1),
-        own.get("fuse_epilogues", True), own.get("layout_record"))
-    if fuse and "layout" in transform.OPTIONS and not own:
-        return transform.Sequential(tgt, layout=layout, **options)
+    opts = Options.from_kwargs(**options)
+    smartmem = opts.smartmem
+    eliminate = EliminateLayoutTransforms(tgt, smartmem.layout_policy, smartmem.layout_copies,
+                                          smartmem.fuse_epilogues)
+    if fuse and not any(k in options for k in _SMARTMEM_OPTIONS):
+        return transform.Sequential(tgt, opts, layout=layout)
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.layout.GraphPasses")
     def _passes(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         passes = transform.legalize_passes(tgt) + ([eliminate] if layout else [])
         if fuse:
-            opts = transform._check_options(options)
-            plan = transform.make_plan_options(**{k: v for k, v in opts.items()
-                                                  if k in ("strategy", "broadcast_policy",
-                                                           "seed_policy", "max_ops_per_block",
-                                                           "table3", "flops_per_byte")})
-            passes += [transform.AnnotateMappingType(opts["broadcast_policy"]),
-                       transform.PlanFusion(opts["strategy"], plan, opts["broadcast_policy"],
-                                            opts["record"]),
+            plan = transform.make_plan_options(Options.from_kwargs(**{
+                k: v for k, v in opts.to_kwargs().items()
+                if k in ("strategy", "broadcast_policy", "seed_policy", "max_ops_per_block",
+                         "table3", "flops_per_byte")}))
+            broadcast = opts.planning.broadcast_policy
+            passes += [transform.AnnotateMappingType(broadcast),
+                       transform.PlanFusion(opts.planning.strategy, plan, broadcast),
                        relax.transform.FuseTIR()]
-            if opts["schedule"] and tgt.kind.name == "llvm":
-                passes.append(transform.ScheduleFusedBlocks(tgt, fast_math=opts["fast_math"]))
+            if opts.scheduling.schedule and tgt.kind.name == "llvm":
+                passes.append(transform.ScheduleFusedBlocks(
+                    tgt, fast_math=opts.scheduling.fast_math))
         with tgt:
             return tvm.transform.Sequential(passes)(mod)
 
     return _passes
 
 
-def opencl_passes(target, texture_record: list | None = None) -> list:
+def opencl_passes(target) -> list:
     """After ``FuseTIR`` on an OpenCL target: texture scopes (with the ``texture`` key) and
     the texel-per-thread schedules."""
     tgt = _target(target)
-    return [AnnotateTextureScopes(tgt, texture_record), ScheduleTextureKernels()]
+    return [AnnotateTextureScopes(tgt), ScheduleTextureKernels()]
 
 
 def opencl_module(mod: tvm.IRModule, target, layout: bool = True, fuse: bool = True,
-                  texture_record: list | None = None, **options) -> tvm.IRModule:
+                  **options) -> tvm.IRModule:
     """The Relax module our OpenCL build would lower, after every tvm_fusion pass: what
     :class:`.opencl_runner.OpenCLRunner` runs on PoCL."""
     tgt = _target(target)
-    passes = [graph_passes(tgt, layout, fuse, **options)] + opencl_passes(tgt, texture_record)
+    passes = [graph_passes(tgt, layout, fuse, **options)] + opencl_passes(tgt)
     with tgt:
         return tvm.transform.Sequential(passes)(mod)
 

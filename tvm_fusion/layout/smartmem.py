@@ -56,7 +56,6 @@ def EliminateLayoutTransforms(  # noqa: N802 (a pass constructor, named as TVM n
     policy: str = "reduction",
     max_layout_copies: int = 1,
     fuse_epilogues: bool = True,
-    record: list | None = None,
 ) -> tvm.transform.Pass:
     """SmartMem's elimination of Fixed (data-movement) operators, on legalized Relax.
 
@@ -77,14 +76,13 @@ def EliminateLayoutTransforms(  # noqa: N802 (a pass constructor, named as TVM n
         Table 5's *try fuse* for an ILD&Variable operator and its single ILI&Variable consumer
         (bias, activation), done before planning so the planner cannot make it the next
         anchor's prologue instead (:func:`.eliminate.epilogue_groups`).
-    record
-        Optional list; one :class:`BlockRecord` per dataflow block is appended (classes, every
-        site with its action and reason).
 
     Returns
     -------
     tvm.transform.Pass
-        A module pass; composes with ``tvm.transform.Sequential``.
+        A module pass; composes with ``tvm.transform.Sequential``. One :class:`BlockRecord`
+        per dataflow block (classes, every site with its action and reason) goes to the active
+        :class:`tvm_fusion.instrument.Collector`.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown layout policy {policy!r}; expected one of {POLICIES}")
@@ -94,6 +92,6 @@ def EliminateLayoutTransforms(  # noqa: N802 (a pass constructor, named as TVM n
 
     @tvm.transform.module_pass(opt_level=0, name="EliminateLayoutTransforms")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        return eliminate_layout_transforms(mod, options, policy, record)
+        return eliminate_layout_transforms(mod, options, policy)
 
     return _pass

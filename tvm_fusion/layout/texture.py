@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, s_tir, tirx
 
+from ..instrument import emit
 from ..relay_passes.grouping import is_primitive
 from .index_maps import input_accesses, refined_dims
 from .texture_lower import OUR_PIPELINE, STOCK_PIPELINE, register_tir_pipelines
@@ -89,7 +90,7 @@ def reduction_dims(func: tirx.PrimFunc, position: int) -> tuple[list[int], int]:
 
 
 def AnnotateTextureScopes(  # noqa: N802 (a pass constructor, named as TVM names passes)
-    target: tvm.target.Target | None = None, record: list | None = None
+    target: tvm.target.Target | None = None
 ) -> tvm.transform.Pass:
     """Put the tensors that gain from it into ``global.texture`` (see the module docstring).
 
@@ -98,8 +99,9 @@ def AnnotateTextureScopes(  # noqa: N802 (a pass constructor, named as TVM names
     target
         Needs the ``texture`` key (else the pass does nothing); gives the image limits.
         Defaults to ``Target.current()``.
-    record
-        Optional list; a :class:`TextureDecision` per candidate tensor is appended.
+
+    A :class:`TextureDecision` per candidate tensor goes to the active
+    :class:`tvm_fusion.instrument.Collector`.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="AnnotateTextureScopes")
@@ -107,7 +109,7 @@ def AnnotateTextureScopes(  # noqa: N802 (a pass constructor, named as TVM names
         tgt = target or tvm.target.Target.current()
         if not wants_texture(tgt):
             return mod
-        return _TextureAnnotator(mod, tgt, record).run()
+        return _TextureAnnotator(mod, tgt).run()
 
     return _pass
 
@@ -131,11 +133,10 @@ def _has_threads(func: tirx.PrimFunc) -> bool:
 
 
 class _TextureAnnotator:
-    def __init__(self, mod: tvm.IRModule, target: tvm.target.Target, record: list | None):
+    def __init__(self, mod: tvm.IRModule, target: tvm.target.Target):
         self.mod = mod
         self.target = target
         self.limits = Limits.from_target(target)
-        self.record = record
         self.vdevice = relax.VDevice(target, 0, TEXTURE_SCOPE)
 
     def run(self) -> tvm.IRModule:
@@ -174,8 +175,8 @@ class _TextureAnnotator:
         chosen = {}
         for var, call in calls.items():
             decision = self._decide(var, call, calls, uses.get(var, []))
-            if self.record is not None and decision is not None:
-                self.record.append(decision)
+            if decision is not None:
+                emit("texture_decisions", decision)
             if decision is not None and decision.layout is not None:
                 chosen[var] = decision.layout
         return chosen

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
+from ..instrument import emit
 from .ecg import FuncCache, build_ecg
 from .fusion_plan import FusionPlan, PlanOptions, plan_dnnfusion
 from .grouping import group_bindings, is_primitive
@@ -125,19 +126,17 @@ class PlanFusion:
         Planner knobs (:class:`PlanOptions`); only for ``"dnnfusion"``.
     broadcast_policy
         ``"expanding_only"`` or ``"strict"``; see :mod:`.mapping_type`.
-    record
-        Optional list; the :class:`ModulePlan` of each run is appended, for reports.
+
+    Each run's :class:`ModulePlan` goes to the active :class:`tvm_fusion.instrument.Collector`.
     """
 
     def __init__(self, strategy: str = "dnnfusion", options: PlanOptions | None = None,
-                 broadcast_policy: str = "expanding_only", record: list | None = None,
-                 apollo=None, blocklist=None):
+                 broadcast_policy: str = "expanding_only", apollo=None, blocklist=None):
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
         self.strategy = strategy
         self.options = options or PlanOptions()
         self.broadcast_policy = broadcast_policy
-        self.record = record
         self.apollo = apollo  # ApolloOptions for strategy="apollo" (None: defaults)
         self.blocklist = blocklist  # apollo_feedback.Blocklist (None: none)
 
@@ -154,6 +153,5 @@ class PlanFusion:
                                              self.blocklist)
         else:
             module_plan = plan_module(mod, self.options, self.broadcast_policy)
-        if self.record is not None:
-            self.record.append(module_plan)
+        emit("plans", module_plan)
         return apply_plan(mod, module_plan)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
+from ...instrument import emit
 from ..grouping import is_primitive
 from ..plan_fusion import ModulePlan, apply_plan, block_ecgs
 from .partition import ApolloOptions, ApolloPlan, apollo_type, plan_apollo
@@ -133,14 +134,15 @@ class ApolloFuse:
         A :class:`Blocklist` (shared across runs and persisted) or ``None`` for a fresh one.
     fail_hook
         ``fail_hook(function_name, primfunc) -> bool``: deliberately fail a schedule (tests).
-    record
-        A list; the run's :class:`ApolloModulePlan` (last round, with every event) is appended.
+
+    The run's :class:`ApolloModulePlan` (last round, with every event) goes to the active
+    :class:`tvm_fusion.instrument.Collector`.
     """
 
     def __init__(self, options: ApolloOptions | None = None, broadcast_policy="expanding_only",
                  schedule: bool = True, fast_math: bool = True, schedule_budget_s: float = 60.0,
                  rounds: int = 4, blocklist: Blocklist | None = None,
-                 fail_hook: Callable | None = None, record: list | None = None):
+                 fail_hook: Callable | None = None):
         self.options = options or ApolloOptions()
         self.broadcast_policy = broadcast_policy
         self.schedule = schedule
@@ -149,7 +151,6 @@ class ApolloFuse:
         self.rounds = max(int(rounds), 1)
         self.blocklist = blocklist if blocklist is not None else Blocklist()
         self.fail_hook = fail_hook
-        self.record = record
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current()
@@ -171,8 +172,7 @@ class ApolloFuse:
                 break
         plan.feedback = events
         plan.rounds = round_
-        if self.record is not None:
-            self.record.append(plan)
+        emit("plans", plan)
         return fused
 
     def _schedule(self, mod, target, cpu: bool, final: bool):

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
+from ...instrument import emit
 from ..grouping import is_primitive
 from .cost import ZERO, add_costs, module_flops, node_cost, sub_costs
 from .emit import BlockRewriter
@@ -80,7 +81,7 @@ class RewriteStats:
 
 
 def RewriteByMathProperties(  # noqa: N802 (a pass constructor, named as TVM names them)
-    rules=None, allow_fp_reassociation: bool = True, record: list | None = None
+    rules=None, allow_fp_reassociation: bool = True
 ) -> tvm.transform.Pass:
     """Rewrite Relax graphs by associative, distributive and commutative properties.
 
@@ -92,13 +93,12 @@ def RewriteByMathProperties(  # noqa: N802 (a pass constructor, named as TVM nam
     allow_fp_reassociation
         When False only rules that are exact in IEEE arithmetic run (``Rule.exact``):
         reassociation changes rounding, and ``Exp``/``Recip`` merges change overflow.
-    record
-        A list; each run appends its :class:`RewriteStats`.
 
     Returns
     -------
     tvm.transform.Pass
-        A module pass; run it on high-level Relax, before ``LegalizeOps``.
+        A module pass; run it on high-level Relax, before ``LegalizeOps``. Each run's
+        :class:`RewriteStats` goes to the active :class:`tvm_fusion.instrument.Collector`.
     """
     enabled = _resolve_rules(rules, allow_fp_reassociation)
 
@@ -119,8 +119,7 @@ def RewriteByMathProperties(  # noqa: N802 (a pass constructor, named as TVM nam
         ])(mod)
         stats.flops_after = module_flops(mod)
         stats.seconds = time.perf_counter() - start
-        if record is not None:
-            record.append(stats)
+        emit("rewrite_stats", stats)
         return mod
 
     return _rewrite

@@ -14,9 +14,12 @@ import time
 import warnings
 from pathlib import Path
 
+import tvm
+
 from ...compile import compile_model, count_kernels, fuse, graph_input_names, import_onnx, load_onnx
 from ...compile import run as run_executable
 from ...feeds import random_inputs
+from ...instrument import Collector
 from ...numerics import compare, onnx_reference
 from .math_properties import RULES, RewriteByMathProperties
 
@@ -31,11 +34,12 @@ def measure(path: Path, check: bool = False, options: dict | None = None) -> str
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mod = import_onnx(model)
-        record: list = []
+        collector = Collector()
         start = time.perf_counter()
-        rewritten = RewriteByMathProperties(record=record)(mod)
+        with tvm.transform.PassContext(instruments=[collector]):
+            rewritten = RewriteByMathProperties()(mod)
         seconds = time.perf_counter() - start
-        stats = record[0]
+        (stats,) = collector.rewrite_stats
         kernels = {}
         for strategy in ("dnnfusion", "tvm"):
             kernels[strategy] = (count_kernels(fuse(mod, "llvm", strategy=strategy)),

@@ -18,6 +18,7 @@ import importlib.util
 import json
 import math
 import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -25,9 +26,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import tvm
+from tqdm import tqdm
+from tvm import relax
 
 from . import export_models
 from .atomic import atomic_write_text
+from .compile import compile_model, flatten_outputs, graph_input_names, import_onnx, load_onnx
+from .feeds import random_inputs, run_shapes, shapes_for
+from .numerics import max_abs_error, onnx_reference
+from .target import to_target
 from .threads import use_physical_cores
 
 # variant -> compile_model keyword arguments
@@ -105,11 +113,6 @@ def medians_in_turns(calls: dict[str, Callable[[], object]], warmup: int = 2,
 
 
 def _tvm_runner(model, target: str, compile_kwargs: dict, inputs: list[np.ndarray]):
-    import tvm
-    from tvm import relax
-
-    from .compile import _flatten, compile_model, import_onnx, to_target
-
     tgt = to_target(target)
     device = tvm.device("cpu" if tgt.kind.name in ("llvm", "c") else tgt.kind.name, 0)
     vm = relax.VirtualMachine(compile_model(import_onnx(model), tgt, **compile_kwargs), device)
@@ -120,7 +123,7 @@ def _tvm_runner(model, target: str, compile_kwargs: dict, inputs: list[np.ndarra
         device.sync()
         return out
 
-    return call, lambda: _flatten(call())
+    return call, lambda: flatten_outputs(call())
 
 
 def onnxruntime_missing() -> str | None:
@@ -190,10 +193,6 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
     hardware threads on x86: :mod:`tvm_fusion.threads`). A model with symbolic dimensions is
     compiled symbolic and run at ``input_shapes`` (:func:`tvm_fusion.feeds.run_shapes`)."""
     use_physical_cores()
-    from .compile import graph_input_names, load_onnx
-    from .feeds import random_inputs, run_shapes, shapes_for
-    from .numerics import max_abs_error, onnx_reference
-
     unknown = sorted(set(variants) - set(ALL_VARIANTS))
     if unknown:
         raise ValueError(f"unknown bench variant {unknown[0]!r}; expected {ALL_VARIANTS}")
@@ -231,8 +230,6 @@ def run_bench(paths: list[Path], target="llvm", variants=ALL_VARIANTS, repeat=10
               out_dir: str | os.PathLike = "out/bench", input_shapes: dict | None = None
               ) -> list[Measurement]:
     """Bench several models with one progress bar; writes JSON, Markdown and a PNG chart."""
-    from tqdm import tqdm
-
     rows: list[Measurement] = []
     with tqdm(total=len(paths) * len(variants), desc="bench", unit="run") as bar:
         for path in paths:
@@ -250,8 +247,6 @@ def run_bench(paths: list[Path], target="llvm", variants=ALL_VARIANTS, repeat=10
 
 
 def machine() -> str:
-    import platform
-
     return (f"{platform.machine()}, {os.cpu_count()} hardware threads, "
             f"{use_physical_cores()} runtime threads, Python {platform.python_version()}")
 

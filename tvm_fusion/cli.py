@@ -12,12 +12,26 @@ import argparse
 import json
 import os
 import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
 
 from . import __version__
-from .bench import ALL_VARIANTS
+from . import report as reporting  # reporting.make_report is looked up per call (tests)
+from .bench import ALL_VARIANTS, check_variants, run_bench
+from .bench import to_markdown as bench_markdown
+from .compile import compile_model, import_onnx, load_onnx
+from .devices import require_device
+from .feeds import shape_names, shapes_for
+from .models import BUILTIN_MODELS, get_builtin
 from .options import Options, parse_cli_options
-from .target import NATIVE, host_target
+from .target import NATIVE, host_target, to_target
 from .threads import use_physical_cores
+from .tuning import db_cli, tune_cli  # tune_cli.compile_tuned_cmd: looked up per call (tests)
+from .visualize import picture
+from .zoo import to_markdown as zoo_markdown
+from .zoo import write_outputs, zoo_models, zoo_reports
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
@@ -61,8 +75,6 @@ def main(argv: list[str] | None = None) -> int:
 def _check_device(args) -> None:
     """A command that runs the model (demo, report's check, bench) on a GPU target fails up
     front, in one line, where this machine has no such device; report suggests --no-check."""
-    from .devices import require_device
-
     if args.command == "report" and not getattr(args, "no_check", False):
         require_device(args.target, "the report runs the model to check it: pass --no-check to "
                                     "plan and compile without running")
@@ -145,11 +157,8 @@ def _parser() -> argparse.ArgumentParser:
     _input_shape_arg(bench)
     bench.set_defaults(func=_cmd_bench)
 
-    from .tuning.db_cli import add_db_parser
-    from .tuning.tune_cli import add_tune_parser
-
-    add_db_parser(sub)
-    add_tune_parser(sub)
+    db_cli.add_db_parser(sub)
+    tune_cli.add_tune_parser(sub)
     return parser
 
 
@@ -180,8 +189,6 @@ def _parse_input_shapes(pairs: list[str] | None) -> dict | None:
 def _check_shape_names(shapes: dict | None, models: list) -> None:
     """Every ``--input-shape`` name must belong to one of the models (each model gets the
     entries that name its own inputs and dimensions)."""
-    from .feeds import shape_names
-
     known = set().union(*(shape_names(m) for m in models)) if models else set()
     unknown = sorted(set(shapes or {}) - known)
     if unknown:
@@ -190,12 +197,6 @@ def _check_shape_names(shapes: dict | None, models: list) -> None:
 
 
 def _cmd_bench(args) -> int:
-    from pathlib import Path
-
-    from .bench import check_variants, run_bench, to_markdown
-    from .compile import load_onnx
-    from .zoo import zoo_models
-
     _check_target(args.target)
     variants = list(ALL_VARIANTS) if args.variants is None else [
         v.strip() for v in args.variants.split(",") if v.strip()]
@@ -207,7 +208,7 @@ def _cmd_bench(args) -> int:
         _check_shape_names(shapes, [load_onnx(p) for p in paths])
     rows = run_bench(paths, args.target, variants, args.repeat, args.warmup, args.out,
                      input_shapes=shapes)
-    print(to_markdown(rows))
+    print(bench_markdown(rows))
     print(f"wrote {args.out}/bench.json, bench.md, bench.png")
     return 0
 
@@ -234,8 +235,6 @@ def _options(args) -> dict:
 
 def _check_target(target: str) -> None:
     """``--target`` checked up front, so a typo fails before minutes of compiling."""
-    from .compile import to_target
-
     try:
         to_target(target)
     except ValueError as err:
@@ -245,8 +244,6 @@ def _check_target(target: str) -> None:
 def _writable_path(flag: str, path: str, example: str) -> str:
     """An output file named by ``flag``, checked before any work: missing parent folders are
     created (as ``--out`` folders are); a folder or an unwritable place is one line."""
-    from pathlib import Path
-
     out = Path(path)
     if out.is_dir():
         raise ValueError(f"{flag} {path}: is a folder; give a file name such as {example}")
@@ -260,31 +257,24 @@ def _writable_path(flag: str, path: str, example: str) -> str:
 
 
 def _cmd_demo(args) -> int:
-    from .models import BUILTIN_MODELS, get_builtin
-    from .report import format_report, make_report
-
     options = _options(args)
     _check_target(args.target)
     names = list(BUILTIN_MODELS) if args.model == "all" else [args.model]
     for name in names:
         model = get_builtin(name)
         print(f"== built-in model '{name}': import -> plan -> compile -> run -> check", flush=True)
-        report = make_report(model, name, args.target, check=True, **options)
-        print(format_report(report, why=args.why))
+        report = reporting.make_report(model, name, args.target, check=True, **options)
+        print(reporting.format_report(report, why=args.why))
         print(f"  result: {report.fused_kernels} kernels instead of {report.stock_kernels}, "
               f"outputs match the stock build and the ONNX reference", flush=True)
     return 0
 
 
 def _cmd_compile(args) -> int:
-    from .compile import compile_model, import_onnx, load_onnx
-
     options = _options(args)
     output = _writable_path("-o", args.output, "model.so")
     if getattr(args, "tuned", None):
-        from .tuning.tune_cli import compile_tuned_cmd
-
-        compile_tuned_cmd(args.model, args.tuned, output, args.target, options)
+        tune_cli.compile_tuned_cmd(args.model, args.tuned, output, args.target, options)
         print(f"wrote {args.output}")
         return 0
     _check_target(args.target)
@@ -296,13 +286,6 @@ def _cmd_compile(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    import os
-
-    from tqdm import tqdm
-
-    from .compile import load_onnx
-    from .report import format_report, make_report
-
     options = _options(args)
     _check_target(args.target)
     if args.zoo:
@@ -312,8 +295,6 @@ def _cmd_report(args) -> int:
     if args.html and len(args.models) != 1:
         raise ValueError(f"--html draws one model; {len(args.models)} given")
     html_path = _writable_path("--html", args.html, "plan.html") if args.html else None
-    from .feeds import shapes_for
-
     reports = []
     shapes = _parse_input_shapes(args.input_shape)
     models = [load_onnx(path) for path in args.models]
@@ -322,26 +303,22 @@ def _cmd_report(args) -> int:
                             disable=len(args.models) < 2):
         name = os.path.splitext(os.path.basename(path))[0]
         artifacts: dict = {}
-        reports.append(make_report(model, name, args.target, check=not args.no_check,
-                                   input_shapes=shapes_for(model, shapes), artifacts=artifacts,
-                                   **options))
+        reports.append(reporting.make_report(
+            model, name, args.target, check=not args.no_check,
+            input_shapes=shapes_for(model, shapes), artifacts=artifacts, **options))
         if html_path:
             _write_picture(html_path, artifacts, reports[-1])
     if args.json:
         print(json.dumps([r.to_json() for r in reports], indent=2))
     else:
-        print("\n\n".join(format_report(r, why=args.why) for r in reports))
+        print("\n\n".join(reporting.format_report(r, why=args.why) for r in reports))
     return 0
 
 
 def _write_picture(path: str, artifacts: dict, report) -> None:
-    from .visualize import picture
-
     if artifacts.get("plan") is None:
         raise ValueError("--html: stock FuseOps (--strategy tvm) has no plan to draw; "
                          "drop --strategy tvm")
-    import time
-
     start = time.perf_counter()
     picture(artifacts["plan"], artifacts["stock_mod"], report.name,
             report.fused_kernels).save(path)
@@ -349,16 +326,12 @@ def _write_picture(path: str, artifacts: dict, report) -> None:
 
 
 def _cmd_zoo(args) -> int:
-    from pathlib import Path
-
-    from .zoo import to_markdown, write_outputs, zoo_models, zoo_reports
-
     if args.input_shape:
         raise ValueError("--input-shape applies to named models, not to --zoo")
     paths = [Path(p) for p in args.models] or zoo_models(args.models_dir)
     reports = zoo_reports(paths, args.target, check=not args.no_check, **_options(args))
     written = write_outputs(reports, args.out)
-    print(to_markdown(reports))
+    print(zoo_markdown(reports))
     print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0
 

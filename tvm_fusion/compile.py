@@ -23,7 +23,8 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from .devices import require_codegen
 from .native_log import EVERYTHING, filtered_stderr
-from .pipeline import get_pipeline
+from .target import to_target
+from .transform import Sequential, get_pipeline
 
 _CALL_TIR = "relax.call_tir"
 _CALL_DPS = "relax.call_dps_packed"
@@ -114,26 +115,8 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def to_target(target) -> tvm.target.Target:
-    if isinstance(target, tvm.target.Target):
-        return target
-    if isinstance(target, str) and target.strip().startswith("{"):
-        import json
-
-        try:
-            target = json.loads(target)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"invalid target {target!r}: not valid JSON ({err})") from None
-    try:
-        return tvm.target.Target(target)
-    except Exception as err:
-        raise ValueError(f"invalid target {target!r}: {_first_line(err)}") from None
-
-
 def fuse(mod: tvm.IRModule, target="llvm", strategy: str = "dnnfusion", **options):
     """The module after fusion (``FuseTIR`` done, before VM lowering), for counting kernels."""
-    from .transform import Sequential
-
     tgt = to_target(target)
     with tgt:
         return Sequential(tgt, strategy=strategy, **options)(mod)
@@ -178,15 +161,16 @@ def run(executable, inputs: list[np.ndarray], device=None) -> list[np.ndarray]:
     device = device or tvm.cpu()
     vm = relax.VirtualMachine(executable, device)
     result = vm["main"](*[tvm.runtime.tensor(x, device) for x in inputs])
-    return _flatten(result)
+    return flatten_outputs(result)
 
 
-def _flatten(value) -> list[np.ndarray]:
+def flatten_outputs(value) -> list[np.ndarray]:
+    """A VM result (a tensor, or nested tuples of them) as a flat list of numpy arrays."""
     if hasattr(value, "numpy"):
         return [value.numpy()]
     out: list[np.ndarray] = []
     for item in value:
-        out.extend(_flatten(item))
+        out.extend(flatten_outputs(item))
     return out
 
 

@@ -17,6 +17,8 @@ import json
 
 import tvm
 
+from .target import to_target
+
 # host kinds: the CPU always exists and LLVM/C code generators come with every wheel we support
 _HOST_KINDS = ("llvm", "c")
 _NAMES = {"cuda": "CUDA", "vulkan": "Vulkan", "metal": "Metal", "opencl": "OpenCL",
@@ -41,8 +43,6 @@ def target_kind(target) -> str:
             return ""  # to_target names the problem
     word = text.split()[0] if text else ""
     if "/" in word:
-        from .compile import to_target
-
         return to_target(text).kind.name
     return word
 

@@ -1,105 +1,187 @@
-"""Whole Relax pipelines with tvm_fusion in place of FuseOps, registered as ``"tvm_fusion"``.
+"""The order of the passes: every pass list of a tvm_fusion build is assembled here, and only here.
 
-``tvm.compile(mod, target, relax_pipeline="tvm_fusion")`` runs library dispatch, the
-tvm_fusion graph passes, the target's default TIR schedules where stock TVM has them (DLight on
-GPUs), then TVM's own dataflow lowering and finalisation.
+A build runs four phases; each function below returns one of them for a target::
+
+    graph      graph_phase      rewriting → conv packing → TVM's legalisation → SmartMem's
+                                elimination → mapping types → planning (DNNFusion, Apollo or
+                                stock FuseOps) → FuseTIR → [CPU: ScheduleFusedBlocks]
+    schedule   schedule_passes  CPU: nothing more; GPU: OptiFX's template, else DLight;
+                                Adreno: texture scopes, texel-per-thread schedules
+    lowering   lowering         TVM's own dataflow lowering and finalisation for the target
+    textures   (in build)       Adreno: the texture part of the TIR lowering, so that
+                                ``tvm.compile``'s default TIR pipeline emits image2d code
+
+:func:`build` puts the phases after a graph phase together; :func:`smartmem_phase` is the graph
+phase SmartMem's measurements use (its elimination alone).
+
+The backends (:func:`backend_of`): ``"cpu"`` (``llvm``, ``c``), ``"gpu"`` (CUDA, Vulkan,
+generic OpenCL...: DLight) and ``"adreno"`` (OpenCL with the ``texture`` key,
+``qcom/adreno-opencl-texture``). The passes come configured by the layer above
+(``tvm_fusion.transform``): it checks the options and builds the objects the planners ask (the
+profitability oracle in ``plan_options``, Apollo's blocklist), so nothing here reads a database.
 """
 
 from __future__ import annotations
 
-import warnings
+from collections.abc import Callable
 
 import tvm
 from tvm import relax
+from tvm.relax.backend.cpu_generic import pipeline as cpu_backend
+from tvm.relax.backend.cuda import pipeline as cuda_backend
+from tvm.relax.backend.gpu_generic import pipeline as gpu_backend
 
-from .devices import require_codegen
-from .transform import Sequential
+from .layout.conv_pack import PackConvs
+from .layout.smartmem import EliminateLayoutTransforms
+from .layout.texture import AnnotateTextureScopes, ScheduleTextureKernels, wants_texture
+from .layout.texture_lower import LowerTextures
+from .options import Options
+from .relay_passes.apollo.feedback import ApolloFuse, Blocklist
+from .relay_passes.apollo.partition import ApolloOptions
+from .relay_passes.fusion_plan import PlanOptions
+from .relay_passes.mapping_type import AnnotateMappingType
+from .relay_passes.plan_fusion import PlanFusion
+from .relay_passes.rewrite.math_properties import RewriteByMathProperties
+from .tir_schedules.fused_block import ScheduleFusedBlocks
+from .tir_schedules.gpu import apply_gpu_schedules
 
-PIPELINE_NAME = "tvm_fusion"
+__all__ = ["BACKENDS", "apply_gpu_schedules", "backend_of", "build", "graph_phase",
+           "legalize_passes", "lowering", "schedule_passes", "smartmem_phase"]
+
+BACKENDS = ("cpu", "gpu", "adreno")
 
 
-def backend_pipeline(target: tvm.target.Target):
+def backend_of(target: tvm.target.Target) -> str:
+    """Which of :data:`BACKENDS` builds for ``target``."""
+    if target.kind.name == "opencl" and wants_texture(target):
+        return "adreno"
+    return "gpu" if "gpu" in target.keys else "cpu"
+
+
+# ------------------------------------------------------------------------------ graph phase
+
+def legalize_passes(target: tvm.target.Target) -> list:
+    """Stock TVM's steps before fusion: library dispatch (sort/scan lowered to TIR for the
+    target), inference-mode decomposition (batch norm becomes scale and shift), legalisation,
+    TVM's op patterns (read by the ``"tvm"`` strategy), constant folding and binding clean-up."""
+    return relax.pipeline.library_dispatch_passes(target) + [
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),  # tuple-then-get-item (from decompositions)
+        relax.transform.DeadCodeElimination(),
+    ]
+
+
+def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOptions,
+                blocklist: Blocklist | None = None,
+                apollo_fail_hook: Callable | None = None) -> tvm.transform.Pass:
+    """``transform.Sequential``'s passes, from high-level Relax to fused PrimFuncs; the caller
+    runs them under the target and the symbolic hints.
+
+    ``plan_options`` holds the planner's knobs and profitability oracle; ``blocklist`` and
+    ``apollo_fail_hook`` are Apollo's (strategy ``"apollo"``)."""
+    strategy, rewriting, smartmem = opts.planning.strategy, opts.rewriting, opts.smartmem
+    ours = strategy != "tvm"  # "tvm" is stock TVM's graph passes, kept pure
+    passes = []
+    if ours and rewriting.rewrite:
+        passes.append(RewriteByMathProperties(rewriting.rewrite_rules,
+                                              rewriting.allow_fp_reassociation))
+    if strategy == "dnnfusion":  # §6 inter-block layout: packed convs on CPU
+        # OptiFX's templates take NCHW region ops: with conv_chains on, "auto" keeps NCHW
+        layout = smartmem.conv_layout
+        if layout == "auto" and opts.optifx.conv_chains != "off":
+            layout = "NCHW"
+        passes.append(PackConvs(target, layout))
+    passes += legalize_passes(target)
+    if ours and smartmem.layout:
+        passes.append(EliminateLayoutTransforms(target, smartmem.layout_policy,
+                                                smartmem.layout_copies, smartmem.fuse_epilogues))
+    passes.append(AnnotateMappingType(opts.planning.broadcast_policy))
+    passes += _fusion_passes(target, opts, plan_options, blocklist, apollo_fail_hook)
+    return tvm.transform.Sequential(passes, name="tvm_fusion.graph")
+
+
+def smartmem_phase(target: tvm.target.Target, eliminate: tvm.transform.Pass | None,
+                   opts: Options | None = None, plan_options: PlanOptions | None = None,
+                   blocklist: Blocklist | None = None) -> tvm.transform.Pass:
+    """SmartMem's elimination (``eliminate``, or none) right after legalisation, then planning
+    when ``opts`` are given: no rewriting and no conv packing, and the elimination under any
+    strategy, so that SmartMem's measurements see its effect alone. Without ``opts`` it stops
+    after the elimination: one kernel per operator, for kernel-level tests."""
+    passes = legalize_passes(target) + ([eliminate] if eliminate is not None else [])
+    if opts is not None:
+        passes.append(AnnotateMappingType(opts.planning.broadcast_policy))
+        passes += _fusion_passes(target, opts, plan_options, blocklist)
+    return tvm.transform.Sequential(passes, name="tvm_fusion.smartmem_graph")
+
+
+def _fusion_passes(target: tvm.target.Target, opts: Options, plan_options: PlanOptions | None,
+                   blocklist: Blocklist | None, apollo_fail_hook: Callable | None = None
+                   ) -> list:
+    """Planning, FuseTIR and the CPU schedules; Apollo does all three in one pass, with its
+    fusion phase's feedback (relay_passes/apollo/feedback.py)."""
+    broadcast, scheduling = opts.planning.broadcast_policy, opts.scheduling
+    if opts.planning.strategy == "apollo":
+        apollo = opts.apollo
+        options = ApolloOptions(rules=apollo.apollo_rules, layers=apollo.apollo_layers,
+                                max_branches=apollo.apollo_max_branches,
+                                stitch_bytes=apollo.apollo_stitch_bytes)
+        return [ApolloFuse(options, broadcast, schedule=scheduling.schedule,
+                           fast_math=scheduling.fast_math,
+                           schedule_budget_s=apollo.apollo_schedule_budget_s,
+                           rounds=apollo.apollo_feedback_rounds, blocklist=blocklist,
+                           fail_hook=apollo_fail_hook)]
+    passes = [PlanFusion(opts.planning.strategy, plan_options, broadcast),
+              relax.transform.FuseTIR()]
+    if scheduling.schedule and target.kind.name == "llvm":
+        passes.append(ScheduleFusedBlocks(target, fast_math=scheduling.fast_math))
+    return passes
+
+
+# ----------------------------------------------------------------- schedules and lowering
+
+def schedule_passes(target: tvm.target.Target, backend: str | None = None) -> list:
+    """The backend's schedules after the graph phase (CPU schedules run inside it). Adreno:
+    texture scopes (where the target has the ``texture`` key) and the texel-per-thread
+    schedules."""
+    backend = backend or backend_of(target)
+    if backend == "adreno":
+        return [AnnotateTextureScopes(target), ScheduleTextureKernels()]
+    return [apply_gpu_schedules] if backend == "gpu" else []
+
+
+def _tvm_backend(target: tvm.target.Target):
     """TVM's backend module for a target (``cpu_generic`` is imported directly: 0.27's
     ``relax.pipeline.dataflow_lower_passes(llvm)`` is broken)."""
     if target.kind.name == "cuda":
-        from tvm.relax.backend.cuda import pipeline as backend
-    elif "gpu" in target.keys:
-        from tvm.relax.backend.gpu_generic import pipeline as backend
-    else:
-        from tvm.relax.backend.cpu_generic import pipeline as backend
-    return backend
+        return cuda_backend
+    return gpu_backend if "gpu" in target.keys else cpu_backend
 
 
-@tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ApplyGPUSchedules")
-def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """GPU schedules of every fused PrimFunc, one function at a time: a fused conv chain
-    (OptiFX) gets the overlapped-tile template, checked by ``verify_gpu_code``; everything
-    else stock DLight rules.
-
-    DLight's rules were written for FuseOps' groups; on a larger DNNFusion block a rule can fail
-    (0.27's GEMV ``normalize`` asserts) or produce TIR that does not lower. Such a function is
-    retried with fewer rules and a warning names it, rather than failing the whole build.
-    """
-    from tvm.s_tir import dlight as dl
-
-    from .tir_schedules.fused_block import probe_build
-    from .tir_schedules.optifx import try_schedule_conv_chain_gpu
-
-    rule_sets = [
-        [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-         dl.gpu.Fallback()],
-        [dl.gpu.Matmul(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()],
-        [dl.gpu.GeneralReduction(), dl.gpu.Fallback()],
-        [dl.gpu.Fallback()],
-    ]
-    mod = mod.clone()  # a pass leaves the module it was given as it was
-    for gvar, func in list(mod.functions.items()):
-        if not isinstance(func, tvm.tirx.PrimFunc):
-            continue
-        chain = try_schedule_conv_chain_gpu(gvar, func, tvm.target.Target.current())
-        if chain is not None:
-            try:
-                mod[gvar] = probe_build(chain)
-                continue
-            except Exception:  # noqa: BLE001 (any lowering failure: DLight takes it)
-                pass
-        for attempt, rules in enumerate(rule_sets):
-            try:  # a fresh module each time: passes may rewrite a uniquely owned one in place
-                scheduled = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({gvar: func}))
-                # Some schedules only fail when lowered (0.27's Matmul rule on a conv with a
-                # prologue leaves a buffer used before its definition): lower to be sure.
-                mod[gvar] = probe_build(scheduled[gvar])
-                break
-            except Exception as err:  # noqa: BLE001 (DLight raises bare AssertionErrors)
-                if attempt == len(rule_sets) - 1:
-                    raise ValueError(f"no DLight rule schedules {gvar.name_hint}: {err}") from None
-                warnings.warn(f"DLight rule failed on {gvar.name_hint} "
-                              f"({type(err).__name__}); retrying with fewer rules", stacklevel=1)
-    return mod
+def _lowering_passes(target: tvm.target.Target) -> list:
+    backend = _tvm_backend(target)
+    return backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
 
 
-def get_pipeline(target: tvm.target.Target | None = None, **options) -> tvm.transform.Pass:
-    """The full tvm_fusion Relax pipeline for ``target`` (default: the current target)."""
-
-    @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.pipeline")
-    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        tgt = target or tvm.target.Target.current() or tvm.target.Target("llvm")
-        require_codegen(tgt)  # before any pass: not blamed on a DLight probe build later
-        backend = backend_pipeline(tgt)
-        passes = [Sequential(tgt, **options)]
-        if "gpu" in tgt.keys:
-            passes.append(apply_gpu_schedules)
-        passes += backend.dataflow_lower_passes(tgt) + backend.finalize_passes(tgt)
-        with tgt:
-            return tvm.transform.Sequential(passes)(mod)
-
-    return _pipeline
+def lowering(target: tvm.target.Target) -> tvm.transform.Pass:
+    """TVM's own dataflow lowering and finalisation for ``target``, as one pass: what follows
+    the schedules in a build, and what measurement and tuning lower scheduled modules with."""
+    return tvm.transform.Sequential(_lowering_passes(target), name="tvm_fusion.lowering")
 
 
-def register() -> None:
-    """Register ``"tvm_fusion"`` with ``relax.get_pipeline`` (idempotent)."""
-    if PIPELINE_NAME not in relax.pipeline.PIPELINE_MAP:
-        relax.register_pipeline(PIPELINE_NAME)(get_pipeline)
-
-
-register()
+def build(target: tvm.target.Target, graph: tvm.transform.Pass, backend: str | None = None,
+          schedule: list | None = None, lower: bool = True) -> tvm.transform.Pass:
+    """A whole Relax build from ``graph`` on: the backend's schedules (``schedule`` replaces
+    them), TVM's lowering and, for Adreno, the texture part of the TIR lowering; ``lower=False``
+    stops before lowering (the module the build would lower). Run it under ``target``."""
+    backend = backend or backend_of(target)
+    if schedule is None:
+        schedule = schedule_passes(target, backend)
+    passes = [graph, *schedule]
+    if lower:
+        passes += _lowering_passes(target)
+        if backend == "adreno":
+            passes.append(LowerTextures())
+    return tvm.transform.Sequential(passes, name="tvm_fusion.build")

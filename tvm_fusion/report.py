@@ -25,11 +25,15 @@ from .compile import (
     import_onnx,
     run,
 )
+from .devices import require_device
 from .feeds import random_inputs, run_shapes
 from .instrument import Collector
 from .numerics import compare, max_abs_error, onnx_reference, tolerance_for
 from .relay_passes.plan_fusion import ModulePlan
 from .relay_passes.rejection import describe
+from .symbolic import symbolic_hints
+from .target import to_target
+from .transform import Sequential
 
 
 @dataclass
@@ -90,9 +94,6 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
 
     ``artifacts``, a dict, receives what the report was made from (``plan``: the ModulePlan
     or None, ``stock_mod``: stock FuseOps' module), so a picture can show the same plan."""
-    from .devices import require_device
-    from .symbolic import symbolic_hints
-
     if check:  # before minutes of building: the check runs the model on the target's device
         require_device(target, "the check runs the model: pass check=False (--no-check) to "
                                "plan and compile without running")
@@ -198,9 +199,6 @@ def check_outputs(ours, stock, reference) -> list[str]:
 
 
 def _plan_only(mod, target, symbolic_hint=None) -> ModulePlan:
-    from .compile import to_target
-    from .transform import Sequential
-
     tgt = to_target(target)
     collector = Collector()
     with tgt, tvm.transform.PassContext(instruments=[collector]):

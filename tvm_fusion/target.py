@@ -1,4 +1,5 @@
-"""The host CPU as a TVM target, and a warning for the bare ``llvm`` that is not it.
+"""Targets from what users write, the host CPU as a TVM target, and a warning for the bare
+``llvm`` that is not it.
 
 On x86-64 a bare ``"llvm"`` target is baseline x86-64 (SSE2): LLVM uses AVX2/AVX-512 only when
 the target names a CPU. TVM 0.27 rejects ``-mcpu=native``, but
@@ -8,6 +9,7 @@ the CLI's default target is :func:`host_target`; nothing here names a CPU model 
 
 from __future__ import annotations
 
+import json
 import platform
 import warnings
 
@@ -19,7 +21,25 @@ NATIVE = "native"  # the CLI's name for host_target()
 _X86_64 = ("x86_64", "amd64", "x64")
 
 __all__ = ["NATIVE", "host_cpu", "host_target", "host_target_dict", "is_bare_x86_llvm",
-           "warn_if_bare_llvm"]
+           "to_target", "warn_if_bare_llvm"]
+
+
+def to_target(target) -> tvm.target.Target:
+    """A ``Target`` from a ``Target``, a kind or tag string, a dict or JSON text; a bad one is
+    a ``ValueError`` whose one line names it."""
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, str) and target.strip().startswith("{"):
+        try:
+            target = json.loads(target)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"invalid target {target!r}: not valid JSON ({err})") from None
+    try:
+        return tvm.target.Target(target)
+    except Exception as err:
+        text = str(err).strip()
+        first = text.splitlines()[0] if text else type(err).__name__
+        raise ValueError(f"invalid target {target!r}: {first}") from None
 
 
 def host_cpu() -> str:

@@ -1,13 +1,21 @@
-"""Pass constructors; ``Sequential(target, **options)`` is the drop-in for a TVM build.
+"""The build's entry points: ``Sequential(target, **options)``, the drop-in for a TVM build, and
+the whole Relax pipeline, registered as ``"tvm_fusion"``.
 
-It replaces the middle of stock TVM's Relax pipeline, ``LegalizeOps → … → FuseOps → FuseTIR``:
-mathematical-property rewriting, the same legalisation, SmartMem's layout-transform elimination,
-mapping-type annotation, DNNFusion planning (yellow cells from the profiling database), TVM's own
-``FuseTIR`` and, on CPU targets, one loop nest per fused block. Lowering stays TVM's::
+``Sequential`` replaces the middle of stock TVM's Relax pipeline, ``LegalizeOps → … → FuseOps →
+FuseTIR``: mathematical-property rewriting, the same legalisation, SmartMem's layout-transform
+elimination, mapping-type annotation, DNNFusion planning (yellow cells from the profiling
+database), TVM's own ``FuseTIR`` and, on CPU targets, one loop nest per fused block. Lowering
+stays TVM's::
 
     with target:
         mod = tvm_fusion.transform.Sequential(target)(mod)
     ex = tvm.compile(mod, target)
+
+``tvm.compile(mod, target, relax_pipeline="tvm_fusion")`` runs the whole build: library
+dispatch, the tvm_fusion graph passes, the backend's schedules (DLight on GPUs, texture scopes
+and texel schedules on Adreno's texture target), then TVM's own dataflow lowering and
+finalisation. The pass order is :mod:`tvm_fusion.pipeline`'s; this module checks the options and
+builds what the planners are handed (the profitability oracle, Apollo's blocklist).
 """
 
 from __future__ import annotations
@@ -17,26 +25,32 @@ from collections.abc import Callable
 import tvm
 from tvm import relax
 
-from .layout.conv_pack import PackConvs
-from .layout.smartmem import EliminateLayoutTransforms
+from . import pipeline
+from .devices import require_codegen
 from .native_log import filtered_stderr
 from .options import OPTIONS, Options
+from .pipeline import legalize_passes
+from .relay_passes.apollo.feedback import Blocklist, MemoryBlocklist
 from .relay_passes.fusion_plan import AnalyticOracle, PlanOptions
 from .relay_passes.fusion_table import FusionTable
 from .relay_passes.mapping_type import AnnotateMappingType
 from .relay_passes.plan_fusion import PlanFusion
-from .relay_passes.rewrite.math_properties import RewriteByMathProperties
 from .symbolic import symbolic_hints
 from .target import warn_if_bare_llvm
 from .tir_schedules.fused_block import ScheduleFusedBlocks
+from .tuning.blocklist import DatabaseBlocklist
+from .tuning.database import default_path
+from .tuning.oracle import make_oracle
 
 __all__ = [
     "Sequential", "PlanFusion", "AnnotateMappingType", "ScheduleFusedBlocks", "OPTIONS",
-    "legalize_passes", "make_plan_options",
+    "PIPELINE_NAME", "get_pipeline", "legalize_passes", "make_blocklist", "make_plan_options",
 ]
 
-# The options (names, types, accepted values, defaults) and their checking live in
+# The options' table (names, types, accepted values, defaults) and their checking live in
 # tvm_fusion.options; OPTIONS (name -> default) stays importable from here.
+
+PIPELINE_NAME = "tvm_fusion"
 
 
 def make_plan_options(options: Options) -> PlanOptions:
@@ -46,8 +60,6 @@ def make_plan_options(options: Options) -> PlanOptions:
     analytic default; entries are keyed by the schedule that timed them, so a build without
     our schedules never trusts timings of one with them.
     """
-    from .tuning.oracle import make_oracle
-
     planning, profiling = options.planning, options.profiling
     if not options.scheduling.schedule:
         schedule_id = "unscheduled"
@@ -63,6 +75,16 @@ def make_plan_options(options: Options) -> PlanOptions:
         prefer_epilogues=planning.prefer_epilogues,
         conv_chains=options.optifx.conv_chains,
     )
+
+
+def make_blocklist(options: Options, target: tvm.target.Target) -> Blocklist:
+    """Apollo's blocklist for a build: the profiling database's for ``target``'s kind
+    (``apollo_blocklist="db"``: rejected merges stay rejected in later builds) or this build's
+    own (``"memory"``)."""
+    if options.apollo.apollo_blocklist == "db":
+        return DatabaseBlocklist(options.profiling.profile_db or default_path(),
+                                 str(target.kind.name))
+    return MemoryBlocklist()
 
 
 def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it stands in for)
@@ -96,7 +118,6 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
     opts = (options or Options()).replace(**kwargs)
     plan_options = make_plan_options(opts)
     resolved = _resolve_target(target)
-    strategy = opts.planning.strategy
     hints = opts.planning.symbolic_hint or {}
     if resolved is not None:
         warn_if_bare_llvm(resolved)  # once per process: "llvm" on x86-64 is SSE2
@@ -106,79 +127,35 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
         # legalisation (LegalizeOps, FoldConstant) logs native warnings that say nothing to a
         # user, such as topi take's once per Gather: kept out, the others replayed
         with filtered_stderr():
-            return _passes(mod)
-
-    def _passes(mod: tvm.IRModule) -> tvm.IRModule:
-        tgt = resolved or tvm.target.Target.current() or tvm.target.Target("llvm")
-        warn_if_bare_llvm(tgt)
-        ours = strategy != "tvm"  # "tvm" is stock TVM's graph passes, kept pure
-        rewriting, smartmem = opts.rewriting, opts.smartmem
-        passes = []
-        if ours and rewriting.rewrite:
-            passes.append(RewriteByMathProperties(rewriting.rewrite_rules,
-                                                  rewriting.allow_fp_reassociation))
-        if strategy == "dnnfusion":  # §6 inter-block layout: packed convs on CPU
-            # OptiFX's templates take NCHW region ops: with conv_chains on, "auto" keeps NCHW
-            layout = smartmem.conv_layout
-            if layout == "auto" and opts.optifx.conv_chains != "off":
-                layout = "NCHW"
-            passes.append(PackConvs(tgt, layout))
-        passes += legalize_passes(tgt)
-        if ours and smartmem.layout:
-            passes.append(EliminateLayoutTransforms(tgt, smartmem.layout_policy,
-                                                    smartmem.layout_copies,
-                                                    smartmem.fuse_epilogues))
-        passes.append(AnnotateMappingType(opts.planning.broadcast_policy))
-        # ---- Apollo: plan → FuseTIR → schedule with feedback, in one pass (apollo_feedback.py)
-        if strategy == "apollo":
-            passes.append(_apollo_pass(opts, tgt, apollo_fail_hook))
-            with tgt, symbolic_hints(hints):
-                return tvm.transform.Sequential(passes)(mod)
-        # ---- end Apollo
-        passes += [
-            PlanFusion(strategy, plan_options, opts.planning.broadcast_policy),
-            relax.transform.FuseTIR(),
-        ]
-        if opts.scheduling.schedule and tgt.kind.name == "llvm":
-            passes.append(ScheduleFusedBlocks(tgt, fast_math=opts.scheduling.fast_math))
-        with tgt, symbolic_hints(hints):  # symbolic dims' sizes for every cost decision
-            return tvm.transform.Sequential(passes)(mod)
+            tgt = resolved or tvm.target.Target.current() or tvm.target.Target("llvm")
+            warn_if_bare_llvm(tgt)
+            apollo = opts.planning.strategy == "apollo"
+            blocklist = make_blocklist(opts, tgt) if apollo else None
+            graph = pipeline.graph_phase(tgt, opts, plan_options, blocklist, apollo_fail_hook)
+            with tgt, symbolic_hints(hints):  # symbolic dims' sizes for every cost decision
+                return graph(mod)
 
     return _sequential
 
 
-def _apollo_pass(opts: Options, target: tvm.target.Target,
-                 fail_hook: Callable | None) -> tvm.transform.Pass:
-    """Apollo's PlanFusion + FuseTIR + ScheduleFusedBlocks with the feedback loop."""
-    from .relay_passes.apollo.feedback import ApolloFuse, Blocklist
-    from .relay_passes.apollo.partition import ApolloOptions
-    from .tuning.database import default_path
+def get_pipeline(target: tvm.target.Target | None = None, **options) -> tvm.transform.Pass:
+    """The whole tvm_fusion Relax pipeline for ``target`` (default: the current target):
+    :func:`Sequential`, then :func:`tvm_fusion.pipeline.build`'s schedules and lowering."""
 
-    apollo, scheduling = opts.apollo, opts.scheduling
-    blocklist = Blocklist(opts.profiling.profile_db or default_path(), str(target.kind.name),
-                          persist=apollo.apollo_blocklist == "db")
-    options = ApolloOptions(rules=apollo.apollo_rules, layers=apollo.apollo_layers,
-                            max_branches=apollo.apollo_max_branches,
-                            stitch_bytes=apollo.apollo_stitch_bytes)
-    return ApolloFuse(options, opts.planning.broadcast_policy, schedule=scheduling.schedule,
-                      fast_math=scheduling.fast_math,
-                      schedule_budget_s=apollo.apollo_schedule_budget_s,
-                      rounds=apollo.apollo_feedback_rounds, blocklist=blocklist,
-                      fail_hook=fail_hook)
+    @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.pipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        tgt = target or tvm.target.Target.current() or tvm.target.Target("llvm")
+        require_codegen(tgt)  # before any pass: not blamed on a DLight probe build later
+        with tgt:
+            return pipeline.build(tgt, Sequential(tgt, **options))(mod)
+
+    return _pipeline
 
 
-def legalize_passes(target: tvm.target.Target) -> list:
-    """Stock TVM's steps before fusion: library dispatch (sort/scan lowered to TIR for the
-    target), inference-mode decomposition (batch norm becomes scale and shift), legalisation,
-    TVM's op patterns (read by the ``"tvm"`` strategy), constant folding and binding clean-up."""
-    return relax.pipeline.library_dispatch_passes(target) + [
-        relax.transform.DecomposeOpsForInference(),
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.CanonicalizeBindings(),  # tuple-then-get-item (from decompositions)
-        relax.transform.DeadCodeElimination(),
-    ]
+def register() -> None:
+    """Register ``"tvm_fusion"`` with ``relax.get_pipeline`` (idempotent)."""
+    if PIPELINE_NAME not in relax.pipeline.PIPELINE_MAP:
+        relax.register_pipeline(PIPELINE_NAME)(get_pipeline)
 
 
 def _resolve_target(target) -> tvm.target.Target | None:
@@ -188,3 +165,6 @@ def _resolve_target(target) -> tvm.target.Target | None:
         return tvm.target.Target(target)
     except Exception as err:  # TVM's message is long; keep the cause, name the option
         raise ValueError(f"invalid target {target!r}: {str(err).splitlines()[0]}") from None
+
+
+register()

@@ -19,6 +19,14 @@ import html
 import json
 from dataclasses import dataclass, field
 
+import onnx
+import tvm
+from tvm import relax
+
+from .atomic import atomic_write_text
+from .compile import count_kernels, fuse, import_onnx, load_onnx
+from .instrument import Collector
+
 # anchor mapping type -> cluster fill (light) and stroke (dark)
 COLOURS = {
     "O2O": ("#e3f2e1", "#3b8a3e"),
@@ -107,8 +115,6 @@ def _rejection_index(plan) -> dict[tuple[int, int], str]:
 def kernel_graph(mod, title: str = "stock FuseOps") -> Graph:
     """A fused module's kernels (one per ``call_tir``/``call_dps_packed``) and the data edges
     between them, followed through the bindings that launch nothing (tuples, reshapes)."""
-    from tvm import relax
-
     graph = Graph(title)
     for gvar, func in mod.functions.items():
         if not isinstance(func, relax.Function):
@@ -146,9 +152,6 @@ def kernel_graph(mod, title: str = "stock FuseOps") -> Graph:
 
 
 def _is_launch(expr) -> bool:
-    import tvm
-    from tvm import relax
-
     return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
             and expr.op.name in ("relax.call_tir", "relax.call_dps_packed"))
 
@@ -295,17 +298,12 @@ class FusionPicture:
     def save(self, path) -> None:
         """Atomically (temp file + ``os.replace``); readable by others, as a page to share
         should be (the temp file is created 0600)."""
-
-        from .atomic import atomic_write_text
-
         atomic_write_text(path, self.html)
 
 
 def picture(module_plan, stock_mod, title: str = "fusion plan",
             fused_kernels: int | None = None) -> FusionPicture:
     """The page of one planned module against stock FuseOps' fused module."""
-    from .compile import count_kernels
-
     return FusionPicture(render_html(plan_graph(module_plan), kernel_graph(stock_mod), title,
                                      fused_kernels, count_kernels(stock_mod)))
 
@@ -313,12 +311,6 @@ def picture(module_plan, stock_mod, title: str = "fusion plan",
 def visualize(mod_or_model, target="llvm", title: str | None = None, **options) -> FusionPicture:
     """Plan an ONNX model (a path or a ``ModelProto``) or an imported Relax module with
     tvm_fusion and with stock FuseOps, and draw both. ``options`` are tvm_fusion's options."""
-    import onnx
-    import tvm
-
-    from .compile import count_kernels, fuse, import_onnx, load_onnx
-    from .instrument import Collector
-
     if isinstance(mod_or_model, str):
         title = title or mod_or_model
         mod_or_model = load_onnx(mod_or_model)

@@ -11,7 +11,11 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+from tqdm import tqdm
+
 from .atomic import atomic_write_text
+from .compile import load_onnx
 from .export_models import models_dir
 from .report import ModelReport, make_report
 
@@ -28,10 +32,6 @@ def zoo_models(path: str | os.PathLike | None = None) -> list[Path]:
 def zoo_reports(paths: list[Path], target="llvm", check: bool = True,
                 **options) -> list[ModelReport]:
     """One report per model, with a progress bar."""
-    from tqdm import tqdm
-
-    from .compile import load_onnx
-
     reports = []
     bar = tqdm(paths, desc="zoo", unit="model")
     for path in bar:
@@ -66,12 +66,10 @@ def to_markdown(reports: list[ModelReport]) -> str:
 
 def plot_kernels(reports: list[ModelReport], path: Path) -> Path:
     """Grouped bars: stock TVM vs tvm_fusion kernels per model, anchor bound as a tick."""
-    import matplotlib
+    import matplotlib  # the optional "bench" extra: only drawing needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
-
     x = np.arange(len(reports))
     fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(reports) + 2), 4))
     ax.bar(x - 0.2, [r.stock_kernels for r in reports], 0.4, label="stock TVM (FuseOps)")

@@ -17,9 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
-from tvm import sym, tirx
+from tvm import s_tir, sym, tirx
 
-from ..tir_utils import buffer_loads, buffer_stores, const_int, iter_sblocks, shape_numel
+from ..tir_utils import (
+    buffer_loads,
+    buffer_stores,
+    const_int,
+    find_all,
+    iter_sblocks,
+    shape_numel,
+)
 
 _ITER_SPATIAL = 0
 _ITER_REDUCE = 2
@@ -255,8 +262,6 @@ def input_accesses(func: tirx.PrimFunc, position: int, inline: bool = True) -> l
 
 def inline_spatial(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with every spatial block that writes an intermediate inlined where possible."""
-    from tvm import s_tir
-
     sch = s_tir.Schedule(func.with_attr("global_symbol", "main"))
     inline_spatial_blocks(sch)
     return sch.mod["main"]
@@ -300,8 +305,6 @@ def walked_var(access: Access, policy: str) -> tirx.Var | None:
 
 
 def _vars_of(expr) -> list[tirx.Var]:
-    from ..tir_utils import find_all
-
     return [v for v in find_all(expr, tirx.Var)]
 
 

@@ -16,11 +16,13 @@ from pathlib import Path
 import numpy as np
 import tvm
 
+from .. import pipeline
 from ..compile import count_kernels, fuse, graph_input_names, import_onnx, load_onnx, run
 from ..feeds import random_inputs
 from ..instrument import Collector
 from ..models.swin import swin_window_attention
 from ..numerics import max_abs_error
+from ..tir_schedules.fused_block import ScheduleFusedBlocks
 from .metrics import count_data_movement_kernels
 from .pipeline import graph_passes
 
@@ -60,8 +62,6 @@ def count_row(path: Path) -> dict:
 def schedule_or_leave(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """``ScheduleFusedBlocks``, then a probe build per function; one that fails keeps its
     unscheduled form (named in a warning)."""
-    from ..tir_schedules.fused_block import ScheduleFusedBlocks
-
     original = dict(mod.functions.items())  # the pass may rewrite a uniquely owned module
     scheduled = ScheduleFusedBlocks(LLVM)(mod)
     for gvar, func in list(scheduled.functions.items()):
@@ -81,7 +81,6 @@ def schedule_or_leave(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 def build(mod: tvm.IRModule, layout: bool, strategy: str = "dnnfusion"):
     """A CPU build with the elimination on or off; ``strategy="tvm"`` groups with stock
     FuseOps, so the elimination is the only tvm_fusion graph pass in play."""
-    from tvm.relax.backend.cpu_generic import pipeline as backend
 
     @tvm.transform.module_pass(opt_level=0, name="measure.pipeline")
     def _pipeline(m, _ctx):
@@ -90,9 +89,7 @@ def build(mod: tvm.IRModule, layout: bool, strategy: str = "dnnfusion"):
             # under either strategy (Sequential keeps strategy="tvm" pure stock)
             graph = graph_passes(LLVM, layout=layout, schedule=False, strategy=strategy,
                                  layout_policy="reduction")
-            passes = [graph, schedule_or_leave]
-            passes += backend.dataflow_lower_passes(LLVM) + backend.finalize_passes(LLVM)
-            return tvm.transform.Sequential(passes)(m)
+            return pipeline.build(LLVM, graph, schedule=[schedule_or_leave])(m)
 
     return tvm.compile(mod, LLVM, relax_pipeline=_pipeline)
 

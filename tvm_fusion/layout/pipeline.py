@@ -1,15 +1,16 @@
-"""Where the layout passes sit in a build, for CPU and for Adreno OpenCL (textures or not).
+"""SmartMem's and Adreno's entry points: the graph passes with or without the elimination, the
+Relax module an OpenCL build lowers, and the OpenCL build itself.
 
-``EliminateLayoutTransforms`` runs on legalized Relax, before planning; texture scopes and GPU
-schedules after ``FuseTIR``; the TIR pipeline that lowers textures correctly at the end::
+Thin wrappers over the build (:mod:`tvm_fusion.transform`); the pass order is
+:mod:`tvm_fusion.pipeline`'s::
 
     legalize_passes(tgt) → EliminateLayoutTransforms → AnnotateMappingType → PlanFusion
         → FuseTIR → [CPU: ScheduleFusedBlocks] [OpenCL: AnnotateTextureScopes,
-        ScheduleTextureKernels] → TVM's dataflow lowering → tir_pipeline="tvm_fusion_adreno"
+        ScheduleTextureKernels] → TVM's dataflow lowering → [Adreno: LowerTextures]
 
-:func:`graph_passes` is ``tvm_fusion.transform.Sequential(layout=...)``; given one of SmartMem's
-options explicitly it assembles the elimination and the planner alone, for SmartMem's
-measurements (:mod:`.measure`).
+``compile_opencl`` on ``qcom/adreno-opencl-texture`` is
+``tvm.compile(mod, target, relax_pipeline="tvm_fusion")`` (the registered pipeline's Adreno
+backend); it keeps that backend on an Adreno target without textures too.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from __future__ import annotations
 import importlib
 
 import tvm
-from tvm import relax
 
+from .. import pipeline, transform
 from ..options import Options
 from .smartmem import EliminateLayoutTransforms
-from .texture import AnnotateTextureScopes, ScheduleTextureKernels
-from .texture_lower import OUR_PIPELINE, register_tir_pipelines
 
-# SmartMem's options: given explicitly, graph_passes assembles the passes itself (below)
+# SmartMem's options: given explicitly, graph_passes takes SmartMem's own path (below)
 _SMARTMEM_OPTIONS = ("layout_policy", "layout_copies", "fuse_epilogues")
+# the planner's knobs SmartMem's own path honours (the others keep their defaults)
+_PLAN_KEYS = ("strategy", "broadcast_policy", "seed_policy", "max_ops_per_block", "table3",
+              "flops_per_byte")
 
 
 def _target(target) -> tvm.target.Target:
@@ -36,55 +38,37 @@ def _target(target) -> tvm.target.Target:
     return tvm.target.Target(target)
 
 
-def is_opencl(target: tvm.target.Target) -> bool:
-    return target.kind.name == "opencl"
-
-
 def graph_passes(target, layout: bool = True, fuse: bool = True, **options) -> tvm.transform.Pass:
     """The tvm_fusion graph passes with SmartMem's elimination (``layout=True``) or without.
 
     ``fuse=False`` stops after legalisation (and elimination): one kernel per operator, for
     kernel-level tests. ``options`` are tvm_fusion's options by flat name (docs/options.md);
-    with one of SmartMem's (``layout_policy``, ``layout_copies``, ``fuse_epilogues``) given, the
-    elimination runs before the planner alone (no rewriting, no conv packing, under
-    ``strategy="tvm"`` too), the way SmartMem's measurements compare it.
+    with one of SmartMem's (``layout_policy``, ``layout_copies``, ``fuse_epilogues``) given, or
+    ``fuse=False``, the elimination runs right after legalisation and before the planner alone
+    (no rewriting, no conv packing, under ``strategy="tvm"`` too), the way SmartMem's
+    measurements compare it (:func:`tvm_fusion.pipeline.smartmem_phase`).
     """
-    from .. import transform
-
     tgt = _target(target)
     opts = Options.from_kwargs(**options)
-    smartmem = opts.smartmem
-    eliminate = EliminateLayoutTransforms(tgt, smartmem.layout_policy, smartmem.layout_copies,
-                                          smartmem.fuse_epilogues)
     if fuse and not any(k in options for k in _SMARTMEM_OPTIONS):
         return transform.Sequential(tgt, opts, layout=layout)
+    smartmem = opts.smartmem
+    eliminate = EliminateLayoutTransforms(tgt, smartmem.layout_policy, smartmem.layout_copies,
+                                          smartmem.fuse_epilogues) if layout else None
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.layout.GraphPasses")
     def _passes(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        passes = transform.legalize_passes(tgt) + ([eliminate] if layout else [])
+        plan = blocklist = None
         if fuse:
             plan = transform.make_plan_options(Options.from_kwargs(**{
-                k: v for k, v in opts.to_kwargs().items()
-                if k in ("strategy", "broadcast_policy", "seed_policy", "max_ops_per_block",
-                         "table3", "flops_per_byte")}))
-            broadcast = opts.planning.broadcast_policy
-            passes += [transform.AnnotateMappingType(broadcast),
-                       transform.PlanFusion(opts.planning.strategy, plan, broadcast),
-                       relax.transform.FuseTIR()]
-            if opts.scheduling.schedule and tgt.kind.name == "llvm":
-                passes.append(transform.ScheduleFusedBlocks(
-                    tgt, fast_math=opts.scheduling.fast_math))
+                k: v for k, v in opts.to_kwargs().items() if k in _PLAN_KEYS}))
+            if opts.planning.strategy == "apollo":
+                blocklist = transform.make_blocklist(opts, tgt)
         with tgt:
-            return tvm.transform.Sequential(passes)(mod)
+            return pipeline.smartmem_phase(tgt, eliminate, opts if fuse else None, plan,
+                                           blocklist)(mod)
 
     return _passes
-
-
-def opencl_passes(target) -> list:
-    """After ``FuseTIR`` on an OpenCL target: texture scopes (with the ``texture`` key) and
-    the texel-per-thread schedules."""
-    tgt = _target(target)
-    return [AnnotateTextureScopes(tgt), ScheduleTextureKernels()]
 
 
 def opencl_module(mod: tvm.IRModule, target, layout: bool = True, fuse: bool = True,
@@ -92,26 +76,21 @@ def opencl_module(mod: tvm.IRModule, target, layout: bool = True, fuse: bool = T
     """The Relax module our OpenCL build would lower, after every tvm_fusion pass: what
     :class:`.opencl_runner.OpenCLRunner` runs on PoCL."""
     tgt = _target(target)
-    passes = [graph_passes(tgt, layout, fuse, **options)] + opencl_passes(tgt)
+    graph = graph_passes(tgt, layout, fuse, **options)
     with tgt:
-        return tvm.transform.Sequential(passes)(mod)
+        return pipeline.build(tgt, graph, "adreno", lower=False)(mod)
 
 
 def compile_opencl(mod: tvm.IRModule, target, layout: bool = True, **options):
     """``tvm.compile`` for an Adreno OpenCL target with our passes and TIR lowering (a VM
     executable whose OpenCL source ``inspect_source`` shows; the wheel cannot run it)."""
-    from tvm.relax.backend.gpu_generic import pipeline as backend
-
-    register_tir_pipelines()
     tgt = _target(target)
     if tgt.host is None:
         tgt = tvm.target.Target(tgt, host="llvm")
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.layout.OpenCLPipeline")
     def _pipeline(m: tvm.IRModule, _ctx) -> tvm.IRModule:
-        passes = ([graph_passes(tgt, layout, True, **options)] + opencl_passes(tgt)
-                  + backend.dataflow_lower_passes(tgt) + backend.finalize_passes(tgt))
         with tgt:
-            return tvm.transform.Sequential(passes)(m)
+            return pipeline.build(tgt, graph_passes(tgt, layout, True, **options), "adreno")(m)
 
-    return tvm.compile(mod, tgt, relax_pipeline=_pipeline, tir_pipeline=OUR_PIPELINE)
+    return tvm.compile(mod, tgt, relax_pipeline=_pipeline)

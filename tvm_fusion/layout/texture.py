@@ -29,6 +29,7 @@ from tvm import relax, s_tir, tirx
 
 from ..instrument import emit
 from ..relay_passes.grouping import is_primitive
+from ..tir_utils import iter_sblocks
 from .index_maps import input_accesses, refined_dims
 from .texture_lower import OUR_PIPELINE, STOCK_PIPELINE, register_tir_pipelines
 from .texture_map import Limits, TextureLayout, texture_layout
@@ -266,8 +267,6 @@ def specialise(func: tirx.PrimFunc, layouts: dict[int, TextureLayout]) -> tirx.P
 
 
 def _block_touching(sch, name: str):
-    from ..tir_utils import iter_sblocks
-
     for block in iter_sblocks(sch.mod["main"]):
         names = {r.source.name for r in block.reads} | {w.source.name for w in block.writes}
         if name in names:

@@ -15,6 +15,12 @@ PoCL (``docs/smartmem.md``):
   is stored as one 4-lane value, and then verifies it: a texture store whose value is not 4
   lanes wide is rejected, never emitted.
 
+:func:`LowerTextures` is that pipeline's texture part (up to ``InjectTextureAlloc``) as one
+module pass: the registered ``"tvm_fusion"`` Relax pipeline runs it at the end of a texture
+build, so ``tvm.compile``'s default TIR pipeline (``s_tir``, whose passes are the rest of ours,
+in the same order) emits correct image2d code without ``tir_pipeline=...``. Running the whole
+``"tvm_fusion_adreno"`` after it changes nothing: on lowered code its texture part is a no-op.
+
 Textures must be kernel parameters: a texture allocated inside a PrimFunc fails in 0.27's
 ``InjectTextureAlloc`` (``Expect no tvm_stack_make_shape outside of CallNodes``) and has no
 meaning across kernels; :func:`check_texture_params` rejects it with the buffer's name.
@@ -23,7 +29,12 @@ meaning across kernels; :func:`check_texture_params` rejects it with the buffer'
 from __future__ import annotations
 
 import tvm
+import tvm.s_tir.backend.adreno  # noqa: F401 (registers TextureFlatten and friends)
 from tvm import s_tir, tirx
+from tvm.s_tir import SBlock
+from tvm.s_tir import pipeline as s_pipeline
+from tvm.s_tir.backend.adreno import pipeline as adreno
+from tvm.tirx import compilation_pipeline
 
 from ..tir_utils import find_all
 
@@ -45,8 +56,6 @@ def check_texture_params(mod: tvm.IRModule) -> None:
     for gvar, func in mod.functions.items():
         if not isinstance(func, tirx.PrimFunc):
             continue
-        from tvm.s_tir import SBlock
-
         for block in find_all(func.body, SBlock):
             for buf in block.alloc_buffers:
                 if is_texture_scope(buf.scope()):
@@ -103,13 +112,20 @@ def _block_lowering() -> list:
     ]
 
 
+def _texture_lowering() -> list:
+    """Blocks lowered and lanes vectorised, then textures flattened (stores checked) and their
+    allocations injected: everything texture-specific."""
+    textures = s_tir.backend.adreno.transform
+    return ([_check_params_pass] + _block_lowering()
+            + [textures.TextureFlatten(), _check_stores_pass, textures.InjectTextureAlloc()])
+
+
 def _rest(config) -> list:
-    """Everything 0.27's Adreno pipeline runs after its block lowering, in its order."""
+    """Everything 0.27's Adreno pipeline runs after ``InjectTextureAlloc``, in its order (the
+    same passes as the default ``s_tir`` pipeline's from ``FlattenBuffer`` on)."""
     s, t = s_tir.transform, tirx.transform
     passes = [
-        s_tir.backend.adreno.transform.TextureFlatten(), _check_stores_pass,
-        s_tir.backend.adreno.transform.InjectTextureAlloc(), t.FlattenBuffer(),
-        t.BF16ComputeLegalize(), t.NarrowDataType(32), s.LoopPartition(),
+        t.FlattenBuffer(), t.BF16ComputeLegalize(), t.NarrowDataType(32), s.LoopPartition(),
         t.VectorizeLoop(not bool(config.get("tirx.disable_vectorize", False))),
         s.InjectVirtualThread(), s.InjectDoubleBuffer(),
     ]
@@ -127,16 +143,25 @@ def _rest(config) -> list:
     return passes
 
 
+def LowerTextures() -> tvm.transform.Pass:  # noqa: N802 (a pass constructor)
+    """The texture part of ``"tvm_fusion_adreno"``: what a texture kernel needs before the
+    default ``s_tir`` TIR pipeline can finish it (see the module docstring)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.LowerTextures")
+    def _lower(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        return tvm.transform.Sequential(_texture_lowering())(mod)
+
+    return _lower
+
+
 def our_tir_pipeline() -> tvm.transform.Pass:
     """0.27's Adreno TIR pipeline with the lanes vectorised before ``TextureFlatten`` and both
     checks in place."""
-    import tvm.s_tir.backend.adreno  # noqa: F401 (registers TextureFlatten and friends)
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.AdrenoTIRPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         config = tvm.transform.PassContext.current().config
-        passes = [_check_params_pass] + _block_lowering() + _rest(config)
-        return tvm.transform.Sequential(passes)(mod)
+        return tvm.transform.Sequential(_texture_lowering() + _rest(config))(mod)
 
     return _pipeline
 
@@ -145,11 +170,8 @@ def register_tir_pipelines() -> None:
     """Register ``"adreno_fixed"`` (stock passes, proper triple) and ``"tvm_fusion_adreno"``
     (ours) for ``tvm.tirx.build(..., pipeline=name)`` / ``tvm.compile(..., tir_pipeline=name)``.
     Idempotent."""
-    import tvm.s_tir.backend.adreno  # noqa: F401
-    from tvm.s_tir import pipeline as s_pipeline
-    from tvm.s_tir.backend.adreno import pipeline as adreno
-    from tvm.tirx import compilation_pipeline as cp
-
     finalize = (s_pipeline.finalize_host_passes, s_pipeline.finalize_device_passes)
-    cp.register_tir_pipeline(STOCK_PIPELINE, lambda: (adreno.default_tir_pipeline(), *finalize))
-    cp.register_tir_pipeline(OUR_PIPELINE, lambda: (our_tir_pipeline(), *finalize))
+    compilation_pipeline.register_tir_pipeline(
+        STOCK_PIPELINE, lambda: (adreno.default_tir_pipeline(), *finalize))
+    compilation_pipeline.register_tir_pipeline(
+        OUR_PIPELINE, lambda: (our_tir_pipeline(), *finalize))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from ..tir_utils import iter_sblocks
+from ..tir_utils import buffer_stores, find_all, iter_sblocks
 from .index_maps import inline_spatial_blocks
 from .texture_lower import is_texture_scope
 
@@ -92,8 +92,6 @@ def _schedule_sink(sch: s_tir.Schedule, name: str, threads: int, done: set[str])
 def _packed_iter(sblock) -> int:
     """Position, among the block's iterators, of the one whose value picks the RGBA lane (the
     last index of the texture write)."""
-    from ..tir_utils import find_all
-
     lane_index = sblock.writes[0].region[-1].min if hasattr(sblock.writes[0], "region") else None
     store = next(iter(_stores(sblock)), None)
     expr = store.indices[-1] if store is not None else lane_index
@@ -105,8 +103,6 @@ def _packed_iter(sblock) -> int:
 
 
 def _stores(sblock) -> list:
-    from ..tir_utils import buffer_stores
-
     return buffer_stores(sblock.body)
 
 

@@ -38,7 +38,10 @@ from dataclasses import dataclass, field, replace
 import tvm
 from tvm import relax
 
+from ..tir_schedules.optifx import choose_band, choose_tile
+from ..tir_utils import iter_sblocks
 from .ecg import ECG
+from .fusion_plan import FusionBlock, path_reenters
 from .mapping_type import MappingType
 from .rejection import Rejection, RejectReason
 
@@ -220,8 +223,6 @@ def _window(mod, gvar) -> tuple[int, int] | None:
         func = mod[gvar]
     except Exception:  # noqa: BLE001
         return None
-    from ..tir_utils import iter_sblocks
-
     for block in iter_sblocks(func):
         red = [iv for iv in block.iter_vars if int(iv.iter_type) == 2]
         if len(red) == 2:
@@ -345,8 +346,6 @@ def attainable(intensity: float, p: Platform) -> float:
 
 def score(cand: ChainCandidate, rops: dict[int, RegionOp], p: Platform, mode: str,
           cores: int = 2, lanes: int = 16) -> Score:
-    from ..tir_schedules.optifx import choose_band, choose_tile
-
     ops = [rops[i] for i in cand.rops]
     flops = sum(o.flops for o in ops)
     # unfused: every ROP kernel reads its input and weights and writes its output
@@ -586,8 +585,6 @@ def blocks_holding(plan, cand: ChainCandidate) -> list[int]:
 def merge_chains_into_plan(plan, decisions: list[ChainDecision]):
     """Merge the DNNFusion blocks holding each chosen chain (the red M2M→M2M cell overridden
     for exactly these blocks). A merge that would form a cycle is refused and recorded."""
-    from .fusion_plan import FusionBlock, path_reenters
-
     ecg = plan.ecg
     for dec in decisions:
         if not dec.chosen:

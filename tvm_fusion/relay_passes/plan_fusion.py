@@ -2,7 +2,8 @@
 
 ``strategy="dnnfusion"`` runs the DNNFusion planner on each block's ECG; ``"tvm"`` runs stock
 ``relax.transform.FuseOps`` so both can be compared in one run. Either way the result holds
-``Primitive`` functions for ``FuseTIR``.
+``Primitive`` functions for ``FuseTIR``. The build's third strategy, ``"apollo"``, plans, fuses
+and schedules in one pass with feedback (``relay_passes.apollo.ApolloFuse``), not here.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from .fusion_plan import FusionPlan, PlanOptions, plan_dnnfusion
 from .grouping import group_bindings, is_primitive
 from .optifx import blocks_holding, choose_chains, merge_chains_into_plan
 
-STRATEGIES = ("dnnfusion", "tvm", "apollo")
+STRATEGIES = ("dnnfusion", "tvm", "apollo")  # the build's; PlanFusion takes the first two
+_PLANNERS = STRATEGIES[:2]
 
 
 @dataclass
@@ -131,14 +133,15 @@ class PlanFusion:
     """
 
     def __init__(self, strategy: str = "dnnfusion", options: PlanOptions | None = None,
-                 broadcast_policy: str = "expanding_only", apollo=None, blocklist=None):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+                 broadcast_policy: str = "expanding_only"):
+        if strategy == "apollo":
+            raise ValueError("PlanFusion plans 'dnnfusion' or 'tvm'; Apollo plans, fuses and "
+                             "schedules in one pass: relay_passes.apollo.ApolloFuse")
+        if strategy not in _PLANNERS:
+            raise ValueError(f"unknown strategy {strategy!r}; expected one of {_PLANNERS}")
         self.strategy = strategy
         self.options = options or PlanOptions()
         self.broadcast_policy = broadcast_policy
-        self.apollo = apollo  # ApolloOptions for strategy="apollo" (None: defaults)
-        self.blocklist = blocklist  # apollo_feedback.Blocklist (None: none)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if self.strategy == "tvm":
@@ -146,12 +149,6 @@ class PlanFusion:
         bind = getattr(self.options.oracle, "bind", None)
         if bind is not None:  # a profiling oracle builds candidates from this module's PrimFuncs
             bind(mod)
-        if self.strategy == "apollo":  # Apollo's partitioner (relay_passes/apollo/partition.py)
-            from .apollo.feedback import plan_module_apollo
-
-            module_plan = plan_module_apollo(mod, self.apollo, self.broadcast_policy,
-                                             self.blocklist)
-        else:
-            module_plan = plan_module(mod, self.options, self.broadcast_policy)
+        module_plan = plan_module(mod, self.options, self.broadcast_policy)
         emit("plans", module_plan)
         return apply_plan(mod, module_plan)

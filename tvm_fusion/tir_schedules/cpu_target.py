@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 import tvm
+from tvm.target import codegen
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,6 @@ def cpu_params(target: tvm.target.Target | None) -> CpuParams:
 
 def _has(target: tvm.target.Target, feature: str) -> bool:
     try:
-        from tvm.target import codegen
-
         with target:
             return bool(codegen.llvm_cpu_has_features(feature, target))
     except Exception:  # noqa: BLE001 (an LLVM without that query: assume the baseline)

@@ -24,10 +24,13 @@ from tvm import s_tir, sym
 from ..tir_utils import buffer_loads, const_int, find_all, is_reduction_block
 from .analysis import (
     BlockFacts,
+    alloc_buffers,
     block_facts,
     index_uses,
     is_bijective_read,
+    main_func,
     numel,
+    root_block,
     stride_in_last_dim,
 )
 from .cpu_target import CpuParams
@@ -254,7 +257,7 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
     done = [name, sch.get(wb).name_hint]
     v_name, u_name, v_fused = plan.v, plan.u, plan.v_fused
     if len(plan.v_fused) > 1:
-        v_name, u_name = _fuse_vector_axis(sch, block_rv, wb, plan)
+        v_name, u_name = fuse_vector_axis(sch, block_rv, wb, plan)
         v_fused = (v_name,)
         facts = block_facts(sch, block_rv)
     by_var = loops_by_var(sch, block_rv)
@@ -355,8 +358,6 @@ def deinterleave_strided(sch: s_tir.Schedule, block_rv, facts: BlockFacts,
     the output column instead of a gather of every other element. A kept producer (the
     padding) simply writes that layout; a function input is copied once (``cache_read``).
     Returns notes (empty when nothing applied)."""
-    from .analysis import alloc_buffers
-
     live = [v for v in facts.spatial if facts.extents[v.name] > 1]
     if not live:
         return []
@@ -404,8 +405,6 @@ def transpose_to_vector_axis(sch: s_tir.Schedule, block_rv, facts: BlockFacts,
     vector along ``j``. When each element is reused at least ``_MIN_REUSE`` times, copy the
     operand once with ``j`` moved innermost (``cache_read`` + ``transform_layout``; a kept
     producer writes that layout directly) so the tile rule applies. Returns notes."""
-    from .analysis import alloc_buffers
-
     live = [v for v in facts.spatial if facts.extents[v.name] > 1]
     if not facts.is_reduction or not live:
         return []
@@ -505,7 +504,7 @@ def _stage_producers_per_slab(sch, block_rv, facts, others_vars, outer, done, no
     return slab
 
 
-def _fuse_vector_axis(sch: s_tir.Schedule, block_rv, wb, plan: TilePlan) -> tuple[str, str]:
+def fuse_vector_axis(sch: s_tir.Schedule, block_rv, wb, plan: TilePlan) -> tuple[str, str]:
     """Make (w, v) one iterator of the anchor, of its accumulator and of its write-back.
 
     Fusing only the loops would let a tile cross a row, and ``reverse_compute_at`` then covers
@@ -598,8 +597,6 @@ def _written_before(sch: s_tir.Schedule, block_rv) -> set[str]:
     (and by nothing after it): for the anchor's epilogue they are inputs, not producers.
     Only function parameters qualify: hiding a read of an intermediate would also hide it from
     TVM's allocation planning."""
-    from .analysis import main_func, root_block
-
     params = {p.name for p in main_func(sch).params}
     before, after, seen = set(), set(), False
     anchor = sch.get(block_rv)
@@ -636,7 +633,6 @@ def _vectorize_last(sch: s_tir.Schedule, block_rv, params: CpuParams) -> None:
 
 def tile_shapes(sch: s_tir.Schedule) -> dict:
     """Buffer name -> shape for every buffer the function reads (params and intermediates)."""
-    from .analysis import alloc_buffers, main_func
 
     shapes = {p.name: list(p.shape) for p in main_func(sch).params if hasattr(p, "shape")}
     shapes.update({n: list(b.shape) for n, b in alloc_buffers(sch).items()})

@@ -9,7 +9,7 @@ Two steps per PrimFunc, on one :class:`tvm.s_tir.Schedule`:
 2. the CPU rules (:mod:`.cpu`) tile the Many-to-Many anchor with its epilogue stored from the
    accumulator, compute row statistics per row, vectorise and parallelise.
 
-Recorded on each function (for ``tvm-fusion report`` and the tests):
+Recorded on each function (for ``tvm-fusion report`` and the tests; names in :mod:`.records`):
 
 * ``tvm_fusion.kept_buffers``: ``{buffer: reason}`` for every intermediate still allocated;
 * ``tvm_fusion.schedule``: one line per stage saying which rule did what;
@@ -25,23 +25,26 @@ import warnings
 import tvm
 from tvm import s_tir, tirx
 
-from ..tir_utils import refresh_access_regions
+from ..tir_utils import has_extern_call, iter_sblocks, refresh_access_regions
 from .analysis import alloc_buffers
 from .cpu import schedule_cpu
 from .cpu_target import CpuParams, cpu_params
 from .fast_math import fast_math
 from .ieee import protect_negations
-from .inline import _first_line, inline_producers
+from .inline import inline_producers
+from .optifx import try_schedule_conv_chain
 from .order import hoist_independent_stages
-
-KEPT_ATTR = "tvm_fusion.kept_buffers"
-SCHEDULE_ATTR = "tvm_fusion.schedule"
-FALLBACK_ATTR = "tvm_fusion.schedule_fallback"
-_DONE_ATTR = "tvm_fusion.scheduled"
-
-
-class ScheduleFailedWarning(UserWarning):
-    """A fused function fell back to a simpler schedule; the reason is on the function."""
+from .records import (
+    DONE_ATTR,
+    FALLBACK_ATTR,
+    KEPT_ATTR,
+    SCHEDULE_ATTR,
+    ScheduleFailedWarning,
+    alloc_buffers_of,
+    first_line,
+    kept_reasons,
+    restore_symbol,
+)
 
 
 def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = True,
@@ -58,48 +61,23 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
     result = sch.mod["main"]
     if fast:  # last: TVM's inliners cannot analyse the Let bindings it introduces
         result = fast_math(result)
-    reasons = _kept_reasons(result, kept, notes)
+    reasons = kept_reasons(result, kept, notes)
     attrs = {KEPT_ATTR: reasons, SCHEDULE_ATTR: notes + [f"inlined {n}" for n in inlined],
-             _DONE_ATTR: True}
-    return _restore_symbol(result, func).with_attrs(attrs)
+             DONE_ATTR: True}
+    return restore_symbol(result, func).with_attrs(attrs)
 
 
-def _restore_symbol(result: tirx.PrimFunc, original: tirx.PrimFunc) -> tirx.PrimFunc:
-    symbol = original.attrs.get("global_symbol") if original.attrs else None
-    if symbol is None:
-        return result.without_attr("global_symbol")
-    return result.with_attr("global_symbol", symbol)
-
-
-def _kept_reasons(func: tirx.PrimFunc, kept: dict[str, str], notes: list[str]) -> dict:
-    """A reason for every intermediate the function still allocates."""
-    reasons = {}
-    for name, buf in alloc_buffers_of(func).items():
-        if name in kept:
-            reasons[name] = kept[name]
-        elif buf.scope() == "local":
-            reasons[name] = "accumulator tile (local scope, registers after unrolling)"
-        else:
-            reasons[name] = ("result of a Many-to-Many (reduction) stage: a reduction cannot be "
-                             "inlined; computed per row/tile where its consumers allow")
-    return reasons
-
-
-def alloc_buffers_of(func: tirx.PrimFunc) -> dict:
-    return {b.name: b for b in func.body.block.alloc_buffers}
-
-
-def _schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
-                            fast: bool) -> tirx.PrimFunc:
-    from .optifx import try_schedule_conv_chain  # OptiFX overlapped tiles (conv→conv)
-
+def schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
+                           fast: bool) -> tirx.PrimFunc:
+    """OptiFX's overlapped tiles for a conv chain, else the per-block rules; when those fail,
+    inlining with plain parallel/vector loops (or nothing), the error recorded and warned."""
     chained = try_schedule_conv_chain(gvar, func, params, fast)
     if chained is not None:
         return chained
     try:
         return probe_build(schedule_primfunc(func, params, fast=fast))
     except Exception as err:  # noqa: BLE001 (TVM raises several types; all mean "not this")
-        reason = f"{type(err).__name__}: {_first_line(err)}"
+        reason = f"{type(err).__name__}: {first_line(err)}"
     warnings.warn(f"tvm_fusion: schedule of {gvar.name_hint} failed ({reason}); "
                   f"using inlining with plain parallel/vector loops", ScheduleFailedWarning,
                   stacklevel=2)
@@ -109,7 +87,7 @@ def _schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
             return out.with_attr(FALLBACK_ATTR, reason)
         except Exception:  # noqa: BLE001
             continue
-    return func.with_attrs({FALLBACK_ATTR: reason + "; left unscheduled", _DONE_ATTR: True})
+    return func.with_attrs({FALLBACK_ATTR: reason + "; left unscheduled", DONE_ATTR: True})
 
 
 def probe_build(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -150,24 +128,23 @@ class ScheduleFusedBlocks:
         params = cpu_params(target)
         updates = {}
         for gvar, func in mod.functions.items():
-            if not isinstance(func, tirx.PrimFunc) or _skip(func):
+            if not isinstance(func, tirx.PrimFunc) or not is_schedulable(func):
                 continue
-            updates[gvar] = _schedule_with_fallback(gvar, func, params, self.fast_math)
+            updates[gvar] = schedule_with_fallback(gvar, func, params, self.fast_math)
         mod = mod.clone()  # a pass leaves the module it was given as it was
         for gvar, func in updates.items():
             mod[gvar] = func
         return mod
 
 
-def _skip(func: tirx.PrimFunc) -> bool:
-    """Functions already scheduled, or that have no schedulable blocks (externs, scans)."""
+def is_schedulable(func: tirx.PrimFunc) -> bool:
+    """Not scheduled yet, and with blocks to schedule (externs and scans have none)."""
     attrs = func.attrs or {}
-    if _DONE_ATTR in attrs or "tirx.is_scheduled" in attrs:
-        return True
-    from ..tir_utils import has_extern_call, iter_sblocks
-
-    return has_extern_call(func.body) or not any(True for _ in iter_sblocks(func))
+    if DONE_ATTR in attrs or "tirx.is_scheduled" in attrs:
+        return False
+    return not has_extern_call(func.body) and any(True for _ in iter_sblocks(func))
 
 
-__all__ = ["ScheduleFusedBlocks", "schedule_primfunc", "KEPT_ATTR", "SCHEDULE_ATTR",
-           "FALLBACK_ATTR", "ScheduleFailedWarning", "alloc_buffers", "alloc_buffers_of"]
+__all__ = ["ScheduleFusedBlocks", "schedule_primfunc", "schedule_with_fallback",
+           "is_schedulable", "probe_build", "KEPT_ATTR", "SCHEDULE_ATTR", "FALLBACK_ATTR",
+           "DONE_ATTR", "ScheduleFailedWarning", "alloc_buffers", "alloc_buffers_of"]

@@ -18,6 +18,7 @@ from tvm import s_tir
 
 from .analysis import BlockFacts, block_facts, numel, param_names, root_block, uses_var
 from .fast_math import MAX_NESTED
+from .records import first_line
 
 # Storing an element and loading it back while it is still in cache, in the units of
 # analysis.expr_cost (one add = 1): what keeping an intermediate costs per element.
@@ -144,7 +145,7 @@ def inline_producers(sch: s_tir.Schedule) -> tuple[dict[str, str], list[str]]:
                 try:
                     sch.compute_inline(block_rv)
                 except s_tir.ScheduleError as err:
-                    kept[facts.write] = f"compute_inline failed: {_first_line(err)}"
+                    kept[facts.write] = f"compute_inline failed: {first_line(err)}"
                     continue
                 inlined.append(f"{facts.name}: {reason}")
                 progress = True
@@ -152,11 +153,3 @@ def inline_producers(sch: s_tir.Schedule) -> tuple[dict[str, str], list[str]]:
             kept[facts.write] = reason
         if not progress:
             return kept, inlined
-
-
-def _first_line(err: BaseException) -> str:
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    for line in lines:
-        if not line.startswith(("ScheduleError", "The IR", "Access path", "Error message")):
-            return line[:200]
-    return lines[-1][:200] if lines else type(err).__name__

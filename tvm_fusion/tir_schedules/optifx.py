@@ -28,15 +28,33 @@ be forced with ``tile=(th, tw)`` (tunable).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
+import tvm
 from tvm import s_tir, tirx
 
 from ..tir_utils import find_all, iter_sblocks
 from .analysis import BlockFacts, block_facts, root_block
 from .cpu_target import CpuParams
+from .cpu_tile import (
+    WINDOW_REGISTERS,
+    TilePlan,
+    deinterleave_strided,
+    fuse_vector_axis,
+    window_vector_tile,
+)
+from .fast_math import fast_math
 from .ieee import protect_negations
 from .loops import largest_divisor, loop_extent, pick_vector_tile
+from .records import (
+    DONE_ATTR,
+    KEPT_ATTR,
+    SCHEDULE_ATTR,
+    ScheduleFailedWarning,
+    kept_reasons,
+    restore_symbol,
+)
 
 TILE_SPACE = (2, 4, 8, 16)
 CACHE_BYTES = 512 << 10  # working set of one tile: about a quarter of a 2 MiB L2
@@ -234,14 +252,6 @@ def _schedule_pointwise_band(sch: s_tir.Schedule, stages: ChainStages, staged: l
     whole image: the band's rows are one contiguous vector axis (``rows·width`` lanes), RT
     output channels in registers, its epilogue stored from the accumulator. The intermediate
     is band-sized and the 1×1 conv's inner loop is the separate kernel's."""
-    from .cpu_tile import (
-        WINDOW_REGISTERS,
-        TilePlan,
-        _fuse_vector_axis,
-        deinterleave_strided,
-        window_vector_tile,
-    )
-
     first, second = stages.reductions
     out_name = stages.output
     # a stride-2 first op reads its padding as even/odd columns (contiguous vectors), as the
@@ -264,7 +274,7 @@ def _schedule_pointwise_band(sch: s_tir.Schedule, stages: ChainStages, staged: l
     plan = TilePlan("conv", f.spatial[3].name, vt, (f.spatial[2].name, f.spatial[3].name),
                     f.spatial[1].name, rt, True)
     wb = sch.cache_write(pw, 0, "local")
-    _fuse_vector_axis(sch, pw, wb, plan)
+    fuse_vector_axis(sch, pw, wb, plan)
     n_loop, co_loop, flat, *reds = sch.get_loops(pw)
     band_loop, chunk, lanes = sch.split(flat, [None, band // vt, vt])
     co_out, co_in = sch.split(co_loop, [None, rt])
@@ -634,9 +644,7 @@ def try_schedule_conv_chain_gpu(gvar, func: tirx.PrimFunc, target,
                 continue
         except Exception:  # noqa: BLE001 (a configuration the schedule cannot take)
             continue
-        from .fused_block import SCHEDULE_ATTR, _restore_symbol
-
-        return _restore_symbol(result, func).with_attrs(
+        return restore_symbol(result, func).with_attrs(
             {SCHEDULE_ATTR: notes, CHAIN_ATTR: True, "tir.is_scheduled": True})
     return None
 
@@ -644,8 +652,6 @@ def try_schedule_conv_chain_gpu(gvar, func: tirx.PrimFunc, target,
 def _lower_blocks(func: tirx.PrimFunc, opaque: bool = True) -> tirx.PrimFunc:
     """Blocks lowered far enough that buffers have their compacted (tile) shapes and, with
     ``opaque``, thread bindings are launches (what ``verify_gpu_code`` reads)."""
-    import tvm
-
     passes = [s_tir.transform.LowerInitBlock(),
               s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
               s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation()]
@@ -677,19 +683,6 @@ def try_schedule_conv_chain(gvar, func: tirx.PrimFunc, params: CpuParams, fast: 
     operators gets the overlapped-tile template; anything else returns None (the usual rules).
     A chain the template fails on returns None too, with a warning, and the usual rules (and
     their fallback) take it."""
-    import warnings
-
-    from .fast_math import fast_math
-    from .fused_block import (
-        _DONE_ATTR,
-        FALLBACK_ATTR,
-        KEPT_ATTR,
-        SCHEDULE_ATTR,
-        ScheduleFailedWarning,
-        _kept_reasons,
-        _restore_symbol,
-    )
-
     base = protect_negations(func).with_attr("global_symbol", "main")
     try:
         sch = s_tir.Schedule(base)
@@ -714,10 +707,9 @@ def try_schedule_conv_chain(gvar, func: tirx.PrimFunc, params: CpuParams, fast: 
     kept = {}
     for name in alloc_names(result):
         kept[name] = "conv chain: tile (+ halo) of an intermediate, computed per tile"
-    reasons = _kept_reasons(result, kept, notes)
-    del FALLBACK_ATTR
-    attrs = {KEPT_ATTR: reasons, SCHEDULE_ATTR: notes, _DONE_ATTR: True, CHAIN_ATTR: True}
-    return _restore_symbol(result, func).with_attrs(attrs)
+    reasons = kept_reasons(result, kept, notes)
+    attrs = {KEPT_ATTR: reasons, SCHEDULE_ATTR: notes, DONE_ATTR: True, CHAIN_ATTR: True}
+    return restore_symbol(result, func).with_attrs(attrs)
 
 
 def alloc_names(func: tirx.PrimFunc) -> list[str]:

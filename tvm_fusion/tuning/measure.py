@@ -25,7 +25,6 @@ tvm_fusion's GPU pipeline does.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
 import tempfile
@@ -39,6 +38,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .. import pipeline
+from ..tir_schedules.fused_block import ScheduleFusedBlocks
+from ..tir_schedules.gpu import apply_gpu_schedules
 from .candidate import Candidate
 from .database import Entry, Measurement, ProfilingDatabase
 
@@ -63,9 +65,7 @@ def _unscheduled(mod: tvm.IRModule, _target) -> tvm.IRModule:
 
 def _fused_block(fast_math: bool):
     def apply(mod: tvm.IRModule, target) -> tvm.IRModule:
-        # The CPU build's own pass (one loop nest per block), imported when first used.
-        from ..tir_schedules.fused_block import ScheduleFusedBlocks
-
+        # The CPU build's own pass (one loop nest per block).
         with target:
             return ScheduleFusedBlocks(target, fast_math=fast_math)(mod)
 
@@ -74,8 +74,6 @@ def _fused_block(fast_math: bool):
 
 def _dlight(mod: tvm.IRModule, target) -> tvm.IRModule:
     # The GPU build's own pass, so a verdict is measured on the code the build emits.
-    from ..pipeline import apply_gpu_schedules
-
     with target:
         return apply_gpu_schedules(mod)
 
@@ -93,8 +91,7 @@ def default_strategy(target: tvm.target.Target) -> ScheduleStrategy:
     ``ScheduleFusedBlocks`` (with fast math) on ``llvm``, nothing elsewhere."""
     if "gpu" in target.keys:
         return SCHEDULE_STRATEGIES["dlight"]
-    if target.kind.name == "llvm" and importlib.util.find_spec(
-            "tvm_fusion.tir_schedules.fused_block") is not None:
+    if target.kind.name == "llvm":
         return SCHEDULE_STRATEGIES["fused_block"]
     return SCHEDULE_STRATEGIES["unscheduled"]
 
@@ -237,13 +234,8 @@ def _vm_timer(vm, device, inputs: list[np.ndarray], config: TimingConfig):
 def build_variant(candidate: Candidate, variant: str, target: tvm.target.Target,
                   strategy: ScheduleStrategy):
     """Compile one variant with ``strategy`` and the target's own lowering."""
-    from ..pipeline import backend_pipeline  # TVM's own per-target lowering, chosen once
-
-    backend = backend_pipeline(target)
     mod = strategy.apply(candidate.variant_module(variant), target)
-    lowering = tvm.transform.Sequential(
-        backend.dataflow_lower_passes(target) + backend.finalize_passes(target))
-    return tvm.compile(mod, target, relax_pipeline=lowering)
+    return tvm.compile(mod, target, relax_pipeline=pipeline.lowering(target))
 
 
 # ------------------------------------------------------------------------------- measurer

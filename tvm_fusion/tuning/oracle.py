@@ -39,7 +39,8 @@ from .candidate import (
     from_ecg,
     index_block,
 )
-from .database import Entry, ProfilingDatabase
+from .cost_model import LatencyModel
+from .database import Entry, ProfilingDatabase, default_path
 from .measure import LocalRunner, MeasureError, Measurer, Runner
 
 MODES = ("db", "measure", "off")
@@ -272,9 +273,6 @@ def make_oracle(profile: str = "off", database=None, model=None, fallback=None, 
     go to :class:`ProfilingOracle` (``target``, ``runner``, ``strategy``, ``margin``,
     ``statistic``).
     """
-    from .cost_model import LatencyModel
-    from .database import default_path
-
     if profile not in MODES:
         raise ValueError(f"option profile={profile!r} is not one of {MODES}")
     if isinstance(model, str) or hasattr(model, "__fspath__"):

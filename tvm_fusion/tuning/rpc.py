@@ -30,15 +30,23 @@ This module holds what :mod:`.tune` and the launchers in ``scripts/`` share:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import platform
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import tvm
+from tvm import rpc
+from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+from tvm.support import cc as tvm_cc
+from tvm.support import ndk
 
 NDK_ENV = "TVM_NDK_CC"
 
@@ -57,8 +65,6 @@ def parse_tracker(text: str) -> tuple[str, int]:
 def tracker_summary(host: str, port: int, timeout_s: float = 10.0) -> dict:
     """The tracker's summary (``server_info``, ``queue_info``), or a ``ValueError`` naming
     ``--tracker`` when it cannot be reached within ``timeout_s``."""
-    from tvm import rpc
-
     # ``connect_tracker`` retries for ~60 s on a refused port; probe the socket first.
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
@@ -199,8 +205,6 @@ def _log_failure(entry: dict) -> None:
     path = os.environ.get(FAILURES_ENV)
     if not path:
         return
-    import json
-
     line = json.dumps({**entry, "at": time.time(), "pid": os.getpid()}) + "\n"
     with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as handle:
         handle.write(line)
@@ -209,8 +213,6 @@ def _log_failure(entry: dict) -> None:
 def request_session(host: str, port: int, key: str, timeout_s: float = 60.0,
                     priority: int = 1, retries: int = 3):
     """A session from the tracker (for one-off remote runs: latency of a whole model)."""
-    from tvm import rpc
-
     last = None
     for attempt in range(retries):
         try:
@@ -244,8 +246,6 @@ def is_cross(target: tvm.target.Target) -> bool:
     triple = _mtriple(target)
     if not triple:
         return False
-    import platform
-
     machine = platform.machine().lower().replace("amd64", "x86_64").replace("arm64", "aarch64")
     return not triple.startswith(machine) or "android" in triple
 
@@ -268,8 +268,6 @@ def build_candidate(mod, target, _params=None):
     TVMScript and takes 20-30 s; the builder's worker processes are single-use, so the default
     pays it on every round. Candidates arrive already scheduled (tensorized blocks included),
     so building them needs no intrinsic registry."""
-    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
-
     mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
     return tvm.tirx.build(mod, target=target)
 
@@ -281,10 +279,6 @@ def export_ndk(mod) -> str:
     (this package is on their ``$PYTHONPATH``, :func:`ensure_importable`). The name
     ``s_tir.meta_schedule.builder.export_ndk`` would not do: ``tvm.support.ndk`` registers it
     only in processes that import that module, and the builder's workers do not."""
-    import tempfile
-
-    from tvm.support import ndk
-
     path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
     mod.export_library(path, fcompile=ndk.create_shared)
     return path
@@ -303,8 +297,6 @@ def builder_export(target: tvm.target.Target):
 def cross_cxx(target: tvm.target.Target) -> str | None:
     """The cross C++ compiler for a Linux ``target`` of another machine, when installed here
     (``<mtriple>-g++``, e.g. Debian's ``g++-aarch64-linux-gnu``)."""
-    import shutil
-
     triple = _mtriple(target)
     return shutil.which(f"{triple}-g++") if triple and not is_android(target) else None
 
@@ -330,8 +322,6 @@ def export_library(module, path: str, target: tvm.target.Target) -> str:
         return path
     if is_android(target):
         _require_ndk(str(target))
-        from tvm.support import ndk
-
         module.export_library(path, fcompile=ndk.create_shared)
         return path
     if is_cross(target):
@@ -340,9 +330,7 @@ def export_library(module, path: str, target: tvm.target.Target) -> str:
             raise ValueError(f"--target {target}: cross-compiled for {_mtriple(target)}; "
                              f"export to a .tar of objects, or install that platform's "
                              f"compiler ({_mtriple(target)}-g++) to link a .so")
-        from tvm.support import cc
-
-        module.export_library(path, fcompile=cc.cross_compiler(cross))
+        module.export_library(path, fcompile=tvm_cc.cross_compiler(cross))
         return path
     module.export_library(path)
     return path

@@ -38,19 +38,34 @@ kernel, falling back to the hand schedule for kernels without a record; it never
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import shutil
 import statistics
+import tempfile
 import time
+import uuid
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
+import tvm_ffi
+from tqdm import tqdm
 from tvm import relax
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
 
+from .. import pipeline
 from ..atomic import atomic_write_text
+from ..compile import flatten_outputs
+from ..target import to_target
+from ..transform import Sequential
 from . import rpc
+from .database import Measurement, ProfilingDatabase
+from .measure import RPCRunner, TimingConfig, default_strategy, target_key
 
 META_FILE = "tvm_fusion_tuning.json"
 FAILURES_FILE = "failures.jsonl"
@@ -147,8 +162,6 @@ def resolve_target(target, target_host=None) -> tvm.target.Target:
     added to an ``llvm`` target that has none (meta_schedule needs it): this machine's core
     count for a host target, and an error naming ``--target`` for a cross target (the phone's
     core count cannot be guessed here)."""
-    from ..compile import to_target
-
     try:
         tgt = to_target(target)
     except ValueError as err:
@@ -185,8 +198,6 @@ def _device_type(tgt: tvm.target.Target) -> str:
 def fused_module(mod: tvm.IRModule, target: tvm.target.Target, **options) -> tvm.IRModule:
     """tvm_fusion's graph passes with no schedule: fused PrimFuncs as meta_schedule takes
     them (``schedule=False``), the rest of the Relax module unchanged."""
-    from ..transform import Sequential
-
     options = {**options, "schedule": False}
     with target:
         return Sequential(target, **options)(mod)
@@ -198,22 +209,16 @@ def _workload_mod(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
 
 
 def _hash(mod: tvm.IRModule) -> str:
-    import tvm_ffi
-
     return f"{tvm_ffi.structural_hash(mod) & (2**64 - 1):016x}"
 
 
 def _hand_schedule(fused: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """The untuned tvm_fusion schedule of every fused kernel (what the default build does)."""
-    from .measure import default_strategy
-
     strategy = default_strategy(target)
     return strategy.apply(fused, target)
 
 
 def _strategy_id(target: tvm.target.Target) -> str:
-    from .measure import default_strategy
-
     return default_strategy(target).id
 
 
@@ -248,8 +253,6 @@ def _repair_lines(path: str) -> int:
 
 def open_database(work_dir: str):
     """meta_schedule's JSONDatabase in ``work_dir`` (created if missing, repaired if torn)."""
-    from tvm.s_tir import meta_schedule as ms
-
     os.makedirs(work_dir, exist_ok=True)
     for name in (WORKLOADS_FILE, RECORDS_FILE):
         _repair_lines(os.path.join(work_dir, name))
@@ -287,10 +290,6 @@ def _write_meta(work_dir: str, meta: dict) -> None:
 # --------------------------------------------------------------------------- progress
 
 def _make_progress_callback(total: int, initial: int, work_dir: str, enabled: bool):
-    from tqdm import tqdm
-    from tvm.ir.utils import derived_object
-    from tvm.s_tir import meta_schedule as ms
-
     @derived_object
     class _Progress(ms.measure_callback.PyMeasureCallback):
         """Advances the progress bar per measured candidate; appends failures (dead server,
@@ -343,8 +342,6 @@ def _make_runner(cfg: TuneConfig, host: str, port: int, servers: int,
                  compare: bool = False):
     """The tuning runner (one worker per server), or with ``compare`` the runner of the
     tuned-vs-hand comparison: more samples, at least 20 ms each."""
-    from tvm.s_tir import meta_schedule as ms
-
     repeat, min_ms = (max(cfg.repeat, 3), max(cfg.min_repeat_ms, 20)) if compare else \
         (cfg.repeat, cfg.min_repeat_ms)
     return ms.runner.RPCRunner(
@@ -357,8 +354,6 @@ def _make_runner(cfg: TuneConfig, host: str, port: int, servers: int,
 
 
 def _make_builder(cfg: TuneConfig, target: tvm.target.Target):
-    from tvm.s_tir import meta_schedule as ms
-
     export = rpc.builder_export(target)
     workers = cfg.builder_workers or max(1, min(os.cpu_count() or 1, 4))
     return ms.builder.LocalBuilder(max_workers=workers, f_build=rpc.build_candidate,
@@ -366,8 +361,6 @@ def _make_builder(cfg: TuneConfig, target: tvm.target.Target):
 
 
 def _tune_contexts(tasks, work_dir: str, cfg: TuneConfig):
-    from tvm.s_tir import meta_schedule as ms
-
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=cfg.population, init_measured_ratio=0.2,
         init_min_unmeasured=min(50, cfg.population), genetic_num_iters=2)
@@ -386,8 +379,6 @@ def tune(mod: tvm.IRModule, cfg: TuneConfig) -> TuneResult:
     :class:`TuneError` (one line, the root cause) when meta_schedule stops or when every
     trial of this run and every hand-schedule measurement failed.
     """
-    import dataclasses
-
     start = time.perf_counter()
     if cfg.trials < 0:
         raise ValueError(f"--trials {cfg.trials}: must be >= 0")
@@ -436,8 +427,6 @@ def tune(mod: tvm.IRModule, cfg: TuneConfig) -> TuneResult:
 
 def _tune(mod, cfg: TuneConfig, target, host, port, servers, work_dir, meta, db,
           start) -> TuneResult:
-    from tvm.s_tir import meta_schedule as ms
-
     fused = fused_module(mod, target, **cfg.options)
     tasks = ms.relax_integration.extract_tasks(fused, target)
     tasks = [t for t in tasks if not t.mod.attrs.get("tirx.is_scheduled", False)]
@@ -459,8 +448,6 @@ def _tune(mod, cfg: TuneConfig, target, host, port, servers, work_dir, meta, db,
         cm_path = os.path.join(work_dir, COST_MODEL_FILE)
         if os.path.exists(cm_path):
             try:
-                import warnings
-
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # xgboost guesses the file format
                     cost_model.load(cm_path)
@@ -485,8 +472,6 @@ def _tune(mod, cfg: TuneConfig, target, host, port, servers, work_dir, meta, db,
             progress.close()
             ran, failed = progress.measured, progress.failed
         try:
-            import warnings
-
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # xgboost's note on its file format
                 cost_model.save(cm_path)
@@ -531,8 +516,6 @@ def measure_modules(mods: list[tvm.IRModule], target: tvm.target.Target, builder
     """Build each ``main`` module with ``builder`` and time it ``rounds`` times on ``runner``
     (interleaved); per module, the samples (seconds) or the root cause of its error (one
     line, :func:`.rpc.root_cause`)."""
-    from tvm.s_tir import meta_schedule as ms
-
     built = builder.build([ms.builder.BuilderInput(m, target) for m in mods])
     out: list[list[float] | str] = []
     inputs, slots = [], []
@@ -559,8 +542,6 @@ def measure_modules(mods: list[tvm.IRModule], target: tvm.target.Target, builder
                     continue
                 out[i].extend(float(x) for x in res.run_secs)
     finally:
-        import shutil
-
         for b in built:
             if b.artifact_path:
                 shutil.rmtree(os.path.dirname(b.artifact_path), ignore_errors=True)
@@ -616,9 +597,6 @@ def _record_profiles(cfg: TuneConfig, target, kernels: list[KernelResult], tasks
     """One profiling-database row per kernel and schedule (method ``rpc``)."""
     if cfg.profile_db == "":
         return
-    from .database import Measurement, ProfilingDatabase
-    from .measure import target_key
-
     shapes = {t.task_name: _shapes(t.mod["main"]) for t in tasks}
     hand_id = _strategy_id(target)
     with ProfilingDatabase(cfg.profile_db) as pdb:
@@ -696,8 +674,6 @@ def tuned_target(target, work_dir: str) -> tvm.target.Target:
 def compile_tuned(mod: tvm.IRModule, work_dir: str, target=None, **options):
     """Compile a Relax module (from ``import_onnx``) with the schedules in ``work_dir``;
     returns ``(executable, {kernel: "tuned" | "hand"})``. Never tunes."""
-    from ..pipeline import backend_pipeline
-
     if not os.path.isdir(work_dir):
         raise FileNotFoundError(f"--tuned {work_dir}: no such directory")
     tgt = tuned_target(target, work_dir)
@@ -705,11 +681,8 @@ def compile_tuned(mod: tvm.IRModule, work_dir: str, target=None, **options):
     merged = {**meta.get("options", {}), **options}
     fused = fused_module(mod, tgt, **{k: v for k, v in merged.items() if k != "schedule"})
     scheduled, applied = apply_tuned(fused, work_dir, tgt)
-    backend = backend_pipeline(tgt)
-    lowering = tvm.transform.Sequential(
-        backend.dataflow_lower_passes(tgt) + backend.finalize_passes(tgt))
     with tgt:
-        return tvm.compile(scheduled, tgt, relax_pipeline=lowering), applied
+        return tvm.compile(scheduled, tgt, relax_pipeline=pipeline.lowering(tgt)), applied
 
 
 # ------------------------------------------------------------------------- model latency
@@ -719,8 +692,6 @@ def remote_latency(executable, inputs: list[np.ndarray], tracker: str, key: str,
                    min_repeat_ms: int = 20, timeout_s: float | None = None) -> list[float]:
     """Samples (seconds per run) of a whole compiled model on a device of the farm
     (``timeout_s``: the session's, by default 60 s here and 300 s on another machine)."""
-    from .measure import RPCRunner, TimingConfig
-
     host, port = rpc.parse_tracker(tracker)
     if timeout_s is None:
         timeout_s = SLOW_SESSION_TIMEOUT_S if rpc.is_cross(target) else SESSION_TIMEOUT_S
@@ -743,11 +714,6 @@ def remote_run(executable, inputs: list[np.ndarray], tracker: str, key: str,
     ``.tar``, default :func:`.rpc.library_suffix`), uploaded under a fresh name and run with
     the inputs copied to the device: what checks the numerics of a cross-compiled build on a
     phone or the emulated AArch64 device."""
-    import tempfile
-    import uuid
-
-    from ..compile import _flatten
-
     host, port = rpc.parse_tracker(tracker)
     if timeout_s is None:
         timeout_s = SLOW_SESSION_TIMEOUT_S if rpc.is_cross(target) else SESSION_TIMEOUT_S
@@ -760,11 +726,9 @@ def remote_run(executable, inputs: list[np.ndarray], tracker: str, key: str,
     dev = session.device(_device_type(target), 0)
     vm = relax.VirtualMachine(session.load_module(name), dev)
     result = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs])
-    return _flatten(result)
+    return flatten_outputs(result)
 
 
 __all__ = ["TuneConfig", "TuneResult", "KernelResult", "TuneError", "tune", "compile_tuned",
            "apply_tuned", "fused_module", "resolve_target", "open_database", "remote_latency",
            "remote_run", "measure_modules", "tuned_target"]
-
-_ = relax  # relax is imported for its side effects on tvm.compile's pipelines

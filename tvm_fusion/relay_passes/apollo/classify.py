@@ -9,7 +9,7 @@ from tvm import tirx
 
 from ...tir_utils import buffer_loads, find_all, iter_sblocks
 from ..ecg import ECGNode
-from ..mapping_type import MappingType
+from ..mapping_type import MappingType, analyze_primfunc
 
 EW, BC, RED, TRANSPOSE, RESHAPE = "elementwise", "broadcast", "reduction", "transpose", "reshape"
 MATMUL, CONV, OTHER, INELIGIBLE = "matmul", "conv", "other", "ineligible"
@@ -106,8 +106,6 @@ def _uses_iter(expr, names: set[str]) -> bool:
 def _reads(func: tirx.PrimFunc | None):
     if func is None:
         return []
-    from ..mapping_type import analyze_primfunc
-
     return [r for b in analyze_primfunc(func).blocks for r in b.reads]
 
 

@@ -10,7 +10,8 @@ algorithm, the timeout and the record format open (notes §3.1). Ours:
 * the failing partition is split by undoing its **last merge**: that merge's canonical signature
   (rule, both boundary operators with their Apollo types, PrimFunc names and shapes) goes into a
   :class:`Blocklist`, and the module is re-planned and rebuilt (at most ``rounds`` times);
-* the blocklist lives beside the profiling database (table ``apollo_blocklist``), so the next
+* the blocklist is handed in by the build (a :class:`Blocklist`): in memory, or beside the
+  profiling database (``tvm_fusion.tuning.blocklist``, table ``apollo_blocklist``) so the next
   build of any model with the same pattern never tries the merge again: the automatic analogue
   of the developer who removed the reshape rule from Table 1;
 * every event is recorded (:class:`FeedbackEvent`) on the run's :class:`ApolloModulePlan`.
@@ -22,11 +23,20 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import tvm
 from tvm import relax, tirx
 
 from ...instrument import emit
+from ...tir_schedules.cpu_target import cpu_params
+from ...tir_schedules.fused_block import (
+    DONE_ATTR,
+    FALLBACK_ATTR,
+    is_schedulable,
+    schedule_primfunc,
+    schedule_with_fallback,
+)
 from ..grouping import is_primitive
 from ..plan_fusion import ModulePlan, apply_plan, block_ecgs
 from .partition import ApolloOptions, ApolloPlan, apollo_type, plan_apollo
@@ -57,34 +67,28 @@ class ApolloModulePlan(ModulePlan):
     rounds: int = 1
 
 
-class Blocklist:
-    """Merge signatures the fusion phase rejected; persisted in the profiling database."""
+class Blocklist(Protocol):
+    """Merge signatures the fusion phase rejected: the planner asks, the feedback loop adds.
 
-    def __init__(self, db_path: str | None = None, target: str = "", persist: bool = True):
-        self.db_path = db_path
-        self.target = target
-        self.persist = persist and db_path is not None
-        self.entries: dict[str, str] = {}
-        if self.persist:
-            import os
+    The build hands one in: :class:`MemoryBlocklist`, or the profiling database's
+    (``tvm_fusion.tuning.blocklist.DatabaseBlocklist``), which outlives the process."""
 
-            if os.path.exists(db_path):
-                from ...tuning.database import ProfilingDatabase
+    def forbids(self, signature: str) -> bool: ...
 
-                with ProfilingDatabase(db_path, create=False) as db:
-                    self.entries.update(
-                        {e["signature"]: e["reason"] for e in db.blocklist(target)})
+    def add(self, signature: str, reason: str) -> None: ...
+
+
+class MemoryBlocklist:
+    """A :class:`Blocklist` for one process: signature -> reason."""
+
+    def __init__(self, entries: dict[str, str] | None = None):
+        self.entries: dict[str, str] = dict(entries or {})
 
     def forbids(self, signature: str) -> bool:
         return signature in self.entries
 
     def add(self, signature: str, reason: str) -> None:
         self.entries[signature] = reason
-        if self.persist:
-            from ...tuning.database import ProfilingDatabase
-
-            with ProfilingDatabase(self.db_path) as db:
-                db.blocklist_add(self.target, signature, reason)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -116,7 +120,8 @@ def _primfunc(mod: tvm.IRModule, name: str) -> tirx.PrimFunc | None:
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ApolloFuse")
 class ApolloFuse:
-    """PlanFusion("apollo") → FuseTIR → schedule, with feedback; replaces those three passes.
+    """Apollo's partitioning → FuseTIR → schedule, with feedback: stands where a DNNFusion
+    build runs PlanFusion, FuseTIR and ScheduleFusedBlocks.
 
     Parameters
     ----------
@@ -131,7 +136,8 @@ class ApolloFuse:
     rounds
         At most this many plan/build rounds (the last one keeps its fallbacks).
     blocklist
-        A :class:`Blocklist` (shared across runs and persisted) or ``None`` for a fresh one.
+        A :class:`Blocklist` (shared across runs, perhaps persisted) or ``None`` for a fresh
+        :class:`MemoryBlocklist`.
     fail_hook
         ``fail_hook(function_name, primfunc) -> bool``: deliberately fail a schedule (tests).
 
@@ -149,7 +155,7 @@ class ApolloFuse:
         self.fast_math = fast_math
         self.budget = float(schedule_budget_s)
         self.rounds = max(int(rounds), 1)
-        self.blocklist = blocklist if blocklist is not None else Blocklist()
+        self.blocklist = blocklist if blocklist is not None else MemoryBlocklist()
         self.fail_hook = fail_hook
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -176,15 +182,6 @@ class ApolloFuse:
         return fused
 
     def _schedule(self, mod, target, cpu: bool, final: bool):
-        from ...tir_schedules.cpu_target import cpu_params
-        from ...tir_schedules.fused_block import (
-            _DONE_ATTR,
-            FALLBACK_ATTR,
-            _schedule_with_fallback,
-            _skip,
-            schedule_primfunc,
-        )
-
         failures = []
         params = cpu_params(target) if cpu else None
         updates = {}
@@ -194,20 +191,20 @@ class ApolloFuse:
             name = gvar.name_hint
             if self.fail_hook is not None and self.fail_hook(name, func):
                 failures.append((name, "injected schedule failure (fail_hook)", 0.0))
-                if cpu and not _skip(func):  # what a failed schedule gets: the plain fallback
+                if cpu and is_schedulable(func):  # what a failed schedule gets: the plain fallback
                     try:
                         out = schedule_primfunc(func, params, inline=True, tile=False,
                                                 fast=self.fast_math)
                     except Exception:  # noqa: BLE001
-                        out = func.with_attr(_DONE_ATTR, True)
+                        out = func.with_attr(DONE_ATTR, True)
                     updates[gvar] = out.with_attr(FALLBACK_ATTR, "injected schedule failure")
                 continue
-            if not cpu or _skip(func):
+            if not cpu or not is_schedulable(func):
                 continue
             start = time.perf_counter()
             with warnings.catch_warnings(record=True):
                 warnings.simplefilter("always")
-                out = _schedule_with_fallback(gvar, func, params, self.fast_math)
+                out = schedule_with_fallback(gvar, func, params, self.fast_math)
             seconds = time.perf_counter() - start
             updates[gvar] = out
             if out.attrs is not None and FALLBACK_ATTR in out.attrs:

@@ -40,6 +40,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from tvm import relax
+
 from ..ecg import ECG
 from ..fusion_plan import FusionBlock, FusionPlan
 from ..rejection import Rejection, RejectReason
@@ -324,8 +326,6 @@ class _Apollo:
         return [(p, s) for p, s in sets if len(s) >= 2]
 
     def input_readers(self) -> list[list[int]]:
-        from tvm import relax
-
         readers: dict = {}
         bindings = list(self.ecg.block.bindings)
         for node in self.ecg.nodes:

@@ -1,0 +1,55 @@
+"""GPU schedules of fused PrimFuncs: OptiFX's overlapped-tile template for a fused conv chain,
+stock DLight rules for everything else, one function at a time."""
+
+from __future__ import annotations
+
+import warnings
+
+import tvm
+from tvm.s_tir import dlight as dl
+
+from .fused_block import probe_build
+from .optifx import try_schedule_conv_chain_gpu
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ApplyGPUSchedules")
+def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """GPU schedules of every fused PrimFunc, one function at a time: a fused conv chain
+    (OptiFX) gets the overlapped-tile template, checked by ``verify_gpu_code``; everything
+    else stock DLight rules.
+
+    DLight's rules were written for FuseOps' groups; on a larger DNNFusion block a rule can fail
+    (0.27's GEMV ``normalize`` asserts) or produce TIR that does not lower. Such a function is
+    retried with fewer rules and a warning names it, rather than failing the whole build.
+    """
+    rule_sets = [  # all of DLight's rules, then fewer for a function the full set fails on
+        [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+         dl.gpu.Fallback()],
+        [dl.gpu.Matmul(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()],
+        [dl.gpu.GeneralReduction(), dl.gpu.Fallback()],
+        [dl.gpu.Fallback()],
+    ]
+    mod = mod.clone()  # a pass leaves the module it was given as it was
+    for gvar, func in list(mod.functions.items()):
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        chain = try_schedule_conv_chain_gpu(gvar, func, tvm.target.Target.current())
+        if chain is not None:
+            try:
+                mod[gvar] = probe_build(chain)
+                continue
+            except Exception:  # noqa: BLE001 (any lowering failure: DLight takes it)
+                pass
+        for attempt, rules in enumerate(rule_sets):
+            try:  # a fresh module each time: passes may rewrite a uniquely owned one in place
+                scheduled = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({gvar: func}))
+                # Some schedules only fail when lowered (0.27's Matmul rule on a conv with a
+                # prologue leaves a buffer used before its definition): lower to be sure.
+                mod[gvar] = probe_build(scheduled[gvar])
+                break
+            except Exception as err:  # noqa: BLE001 (DLight raises bare AssertionErrors)
+                if attempt == len(rule_sets) - 1:
+                    raise ValueError(f"no DLight rule schedules {gvar.name_hint}: {err}") from None
+                warnings.warn(f"DLight rule failed on {gvar.name_hint} "
+                              f"({type(err).__name__}); retrying with fewer rules", stacklevel=1)
+    return mod

@@ -382,7 +382,7 @@ def test_gpu_template_is_verified_and_tile_sized():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
 @pytest.mark.parametrize("case", ["dw-pw", "3x3-3x3"])
 def test_gpu_template_cuda_compiles_to_ptx(case):
-    from tvm_fusion.pipeline import get_pipeline
+    from tvm_fusion.transform import get_pipeline
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
     channels, size, ops = CASES[case]

@@ -314,18 +314,34 @@ def test_stock_adreno_texture_pipeline_is_wrong_where_ours_is_right():
     _close(ours, want, 1e-5)
 
 
-def test_vm_build_for_the_texture_target():
-    """``tvm.compile`` with our passes and TIR pipeline: textures are image2d arrays and every
-    texel is written once, as a vector."""
-    ex = compile_opencl(_chain_model(), TEXTURE)
-
+def _opencl_source(executable) -> str:
     def walk(module):
         yield module
         for imported in module.imports:
             yield from walk(imported)
 
-    source = "\n".join(m.inspect_source() for m in walk(ex.mod) if m.kind == "opencl")
+    return "\n".join(m.inspect_source() for m in walk(executable.mod) if m.kind == "opencl")
+
+
+def test_vm_build_for_the_texture_target():
+    """``tvm.compile`` with our passes and TIR pipeline: textures are image2d arrays and every
+    texel is written once, as a vector."""
+    ex = compile_opencl(_chain_model(), TEXTURE)
+    source = _opencl_source(ex)
     assert "image2d_array_t" in source and "write_imagef(" in source
     # the build ran our store check; and no texel is written from inside a lane loop
     assert not re.search(r"for \(int [^\n]*\n[^\n]*\n\s*write_imagef", source)
     assert "alloc_storage" in ex.as_text()
+
+
+def test_the_registered_pipeline_builds_textures():
+    """``tvm.compile(mod, texture target, relax_pipeline="tvm_fusion")`` with the default TIR
+    pipeline is our Adreno build: a conv net's kernels read and write image2d textures, in the
+    same OpenCL as :func:`compile_opencl`. Stock TVM's default build declares image2d
+    parameters too, but 0.27's default TIR lowering then reads them as buffers (``vload4``)."""
+    target = tvm.target.Target(_target(TEXTURE), host="llvm")
+    ours = _opencl_source(tvm.compile(_conv_relu_conv(), target, relax_pipeline="tvm_fusion"))
+    assert "image2d_array_t" in ours and "read_imagef(" in ours and "write_imagef(" in ours
+    assert ours == _opencl_source(compile_opencl(_conv_relu_conv(), target))
+    stock = _opencl_source(tvm.compile(_conv_relu_conv(), target))
+    assert "image2d_array_t" in stock and "read_imagef(" not in stock

@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import tvm
+import tvm_ffi
 from tvm import tirx
-from tvm.s_tir import SBlock
+from tvm.s_tir import SBlock, analysis
 
 _LEAF_KEYS = frozenset({"ir.Var", "ir.GlobalVar", "ir.Span", "ir.SourceName", "ir.Op"})
 # Type annotations carry shapes, not accesses: never descend into them.
@@ -129,8 +130,6 @@ def refresh_access_regions(func: tirx.PrimFunc) -> tirx.PrimFunc:
     FuseTIR merges the regions of a block whose inputs became one buffer (``concat(t, t)``)
     and can keep only one of them; ``compute_at`` trusts the annotation, so a producer
     attached there would compute only the rows that one region names."""
-    from tvm.s_tir import analysis
-
     # TVM 0.27: a buffer is its own variable; a scalar parameter (a symbolic size) is not one
     buffers = {p: p for p in func.params if getattr(p.ty, "shape", None) is not None}
     root = getattr(func.body, "block", None)
@@ -143,7 +142,5 @@ def refresh_access_regions(func: tirx.PrimFunc) -> tirx.PrimFunc:
         reads, writes = analysis.get_sblock_read_write_region(block, buffers)
         return SBlock(block.iter_vars, reads, writes, block.name_hint, block.body, block.init,
                       block.alloc_buffers, block.match_buffers, block.annotations, block.span)
-
-    import tvm_ffi
 
     return tvm_ffi.structural_map(func, [(SBlock, refresh)])

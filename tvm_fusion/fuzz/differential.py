@@ -19,12 +19,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import time
 from collections.abc import Callable
 
 import numpy as np
 import onnx
 
+from ..compile import compile_model, graph_input_names, import_onnx, run
 from ..numerics import abs_error, compare, onnx_reference
+from .feeds import make_feeds
 
 CLASSES = ("ok", "wrong", "crash", "timeout", "skipped")
 FAILURES = ("wrong", "crash", "timeout")
@@ -46,8 +49,6 @@ class Case:
     shapes: dict | None = None  # concrete input shapes (needed when ``symbolic``)
 
     def feeds(self) -> dict[str, np.ndarray]:
-        from .feeds import make_feeds
-
         return make_feeds(self.model, self.seed, self.special, self.shapes)
 
     def replace(self, **changes) -> Case:
@@ -119,8 +120,6 @@ def _max_err(g: np.ndarray, r: np.ndarray) -> float:
 
 
 def _build_and_run(case: Case, inputs: list[np.ndarray], **compile_args) -> list[np.ndarray]:
-    from ..compile import compile_model, import_onnx, run
-
     # A symbolic case (the hook of generate.make_symbolic) is imported as is: the importer
     # sees the named dim and the feeds carry the concrete sizes.
     executable = compile_model(import_onnx(case.model), case.target, **compile_args)
@@ -133,10 +132,6 @@ def check_case(case: Case, on_stage: Callable[[str], None] | None = None) -> Out
     ``on_stage`` is told each stage before it starts (``reference``, ``stock``, ``ours``), so a
     supervisor that kills a hung child knows whose compile hung.
     """
-    import time
-
-    from ..compile import graph_input_names
-
     os.environ.setdefault("TVM_FUSION_DB", os.path.join(os.sep, "nonexistent", "fuzz.db"))
     start = time.perf_counter()
     stage = on_stage or (lambda _s: None)

@@ -21,6 +21,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..models.graph import GraphBuilder, make_model, value_info
+from .differential import Case
 
 OPSET = 18
 IR_VERSION = 8
@@ -746,8 +747,6 @@ def draw_case(seed: int, target: str = "llvm", special_share: float = 0.3,
 
     Each part has its own random stream, so changing one share leaves the others' draws alone.
     """
-    from .differential import Case
-
     rng = np.random.default_rng([seed, 1])
     special = bool(rng.random() < special_share)
     options = draw_options(np.random.default_rng([seed, 2]), option_share)

@@ -17,6 +17,7 @@ into a stock-TVM failure, class ``skipped``) is simply rejected.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -225,8 +226,6 @@ def _case_steps(case: Case):
 
 def size(case: Case) -> tuple[int, int, int, int]:
     """What minimisation decreases: nodes, options, edge values on, total input elements."""
-    import math
-
     elems = sum(math.prod(d.dim_value for d in vi.type.tensor_type.shape.dim)
                 for vi in case.model.graph.input)
     return (len(case.model.graph.node), len(case.options), int(case.special), elems)

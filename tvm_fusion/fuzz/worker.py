@@ -9,6 +9,7 @@ tvm_fusion was running: only the last is our ``timeout``/``crash``, the others a
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import os
 import time
@@ -24,8 +25,6 @@ def _child(conn, log_path: str | None, checker: str) -> None:
     fd = os.open(log_path or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    import importlib
-
     module, _, func = checker.partition(":")
     check_case = getattr(importlib.import_module(module), func)
 

@@ -49,6 +49,25 @@ SEQUENTIAL_ALLOWED = {
 }
 SEQUENTIALS = ("tvm.transform.Sequential", "tvm.ir.transform.Sequential")
 
+# The layers, top down (docs/architecture.md); a module is in the layer of its longest prefix
+# here (the package's __init__, ``tvm_fusion``, the API facade, is only itself), and imports
+# only from its own layer and those below.
+LAYERS = {
+    "apps": ("tvm_fusion", "tvm_fusion.cli", "tvm_fusion.report", "tvm_fusion.bench",
+             "tvm_fusion.visualize", "tvm_fusion.zoo", "tvm_fusion.export_models",
+             "tvm_fusion.fuzz", "tvm_fusion.testing", "tvm_fusion.tuning.tune_cli",
+             "tvm_fusion.tuning.db_cli"),
+    "driver": ("tvm_fusion.compile", "tvm_fusion.tuning.tune", *DRIVERS_IN_PASS_PACKAGES),
+    "transform": ("tvm_fusion.transform",),
+    "profiling": ("tvm_fusion.tuning",),  # what transform hands the planners
+    "pipeline": ("tvm_fusion.pipeline",),
+    "passes": tuple(f"{PACKAGE}.{p}" for p in PASS_PACKAGES),
+    "helpers": ("tvm_fusion.options", "tvm_fusion.instrument", "tvm_fusion.tir_utils",
+                "tvm_fusion.symbolic", "tvm_fusion.target", "tvm_fusion.devices",
+                "tvm_fusion.native_log", "tvm_fusion.atomic", "tvm_fusion.threads",
+                "tvm_fusion.feeds", "tvm_fusion.numerics", "tvm_fusion.models"),
+}
+
 
 @dataclass(frozen=True)
 class Import:
@@ -278,3 +297,27 @@ def test_the_sequential_check_sees_every_spelling():
         assert _sequential_calls("<example>") == [4, 5, 6, 7]
     finally:
         del TREES["<example>"]
+
+
+def _layer(module: str) -> int:
+    """The rank of ``module``'s layer (0: the top), by the longest prefix in :data:`LAYERS`."""
+    best, rank = "", None
+    for i, prefixes in enumerate(LAYERS.values()):
+        for prefix in prefixes:
+            inside = prefix != PACKAGE and module.startswith(prefix + ".")  # the root: itself
+            if (module == prefix or inside) and len(prefix) > len(best):
+                best, rank = prefix, i
+    assert rank is not None, f"{module} is in no layer of LAYERS"
+    return rank
+
+
+def test_every_module_is_in_a_layer():
+    for module in MODULES:
+        _layer(module)
+
+
+def test_imports_run_down_the_layers():
+    names = list(LAYERS)
+    bad = [f"{_where(i.source, i.target)}: {names[_layer(i.source)]} imports "
+           f"{names[_layer(i.target)]}" for i in IMPORTS if _layer(i.target) < _layer(i.source)]
+    assert not bad, "imports that run up the layers:\n" + "\n".join(sorted(set(bad)))

@@ -8,7 +8,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from tvm_fusion.relay_passes.apollo.feedback import ApolloFuse, Blocklist, plan_module_apollo
+from tvm_fusion.relay_passes.apollo.feedback import ApolloFuse, MemoryBlocklist, plan_module_apollo
 from tvm_fusion.relay_passes.apollo.partition import ApolloOptions
 from tvm_fusion.relay_passes.rejection import RejectReason
 
@@ -92,7 +92,7 @@ def test_a_failing_schedule_splits_the_partition_back():
     """Feedback: the fused function's schedule fails (injected), the merge that built it is
     undone and the module is re-planned: the two operators come back as they were, and the
     blocklisted merge is a rejection typed as a schedule failure."""
-    blocklist = Blocklist()  # in memory
+    blocklist = MemoryBlocklist()
     with CPU:
         after = ApolloFuse(OPTIONS, schedule=False, rounds=2, blocklist=blocklist,
                            fail_hook=lambda name, _func: name == "fused_add_relu")(_add_relu())

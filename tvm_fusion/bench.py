@@ -269,7 +269,7 @@ def to_markdown(rows: list[Measurement]) -> str:
 
 
 def plot(rows: list[Measurement], path: Path) -> None:
-    import matplotlib
+    import matplotlib  # the optional "bench" extra: only drawing needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -38,6 +38,9 @@ import numpy as np
 from ..atomic import atomic_write_text
 from .database import ProfilingDatabase
 
+# xgboost is imported where a model is trained or loaded: it is heavy, and only the latency
+# model needs it (every build imports this module through the oracle)
+
 MODEL_FORMAT = "tvm_fusion.latency_model"
 _PARAMS = {"objective": "reg:squarederror", "max_depth": 4, "eta": 0.1, "subsample": 0.9,
            "colsample_bytree": 0.9, "min_child_weight": 1.0, "nthread": 2, "seed": 0}

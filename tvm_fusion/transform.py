@@ -47,8 +47,9 @@ __all__ = [
     "PIPELINE_NAME", "get_pipeline", "legalize_passes", "make_blocklist", "make_plan_options",
 ]
 
-# The options' table (names, types, accepted values, defaults) and their checking live in
-# tvm_fusion.options; OPTIONS (name -> default) stays importable from here.
+# The pass constructors users compose (PlanFusion, AnnotateMappingType, ScheduleFusedBlocks),
+# stock TVM's steps before fusion (legalize_passes, ordered in pipeline.py) and the options'
+# defaults (OPTIONS, checked in tvm_fusion.options) stay importable from here.
 
 PIPELINE_NAME = "tvm_fusion"
 

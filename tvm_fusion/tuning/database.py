@@ -177,7 +177,8 @@ class ProfilingDatabase:
         try:
             with self._errors("open"):
                 self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-                self._check_ours()  # before anything writes to the file
+                with self._snapshot():  # before anything writes to the file
+                    self._check_ours()
                 self._enable_wal()
                 self.conn.execute("PRAGMA synchronous = FULL")
                 self._migrate()
@@ -221,6 +222,17 @@ class ProfilingDatabase:
             except BaseException:
                 self.conn.execute("ROLLBACK")
                 raise
+            self.conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _snapshot(self):
+        """One read transaction, so that several reads see the file at the same moment: read
+        one by one, another process's creation could land between them (application id 0 from
+        before it, its tables from after: a new database mistaken for a foreign one)."""
+        self.conn.execute("BEGIN")
+        try:
+            yield
+        finally:
             self.conn.execute("COMMIT")
 
     def _check_ours(self) -> None:

@@ -240,3 +240,19 @@ def test_docs_are_generated_from_the_fields():
     assert build.render(text) == text, "docs/options.md is stale: run scripts/build_options_doc.py"
     for preset in opt.PRESETS:
         assert f"| {preset} |" in text
+
+
+def test_an_options_object_keeps_its_strategy_through_fuse_and_compile_model():
+    """``fuse``/``compile_model`` have a ``strategy`` argument of their own: left out, the
+    object's strategy holds; given, it wins (it used to overwrite the object's with its
+    default)."""
+    from tvm_fusion.compile import count_kernels, fuse, import_onnx
+    from tvm_fusion.models import transformer_encoder_layer
+
+    mod = import_onnx(transformer_encoder_layer())
+    stock = Options.from_kwargs(strategy="tvm")
+    assert (count_kernels(fuse(mod, "llvm", options=stock))
+            == count_kernels(fuse(mod, "llvm", strategy="tvm")))
+    assert (count_kernels(fuse(mod, "llvm", "dnnfusion", options=stock))
+            == count_kernels(fuse(mod, "llvm")))
+    assert count_kernels(fuse(mod, "llvm", options=stock)) != count_kernels(fuse(mod, "llvm"))

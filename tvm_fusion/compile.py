@@ -115,19 +115,27 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def fuse(mod: tvm.IRModule, target="llvm", strategy: str = "dnnfusion", **options):
-    """The module after fusion (``FuseTIR`` done, before VM lowering), for counting kernels."""
+def fuse(mod: tvm.IRModule, target="llvm", strategy: str | None = None, **options):
+    """The module after fusion (``FuseTIR`` done, before VM lowering), for counting kernels.
+
+    ``strategy`` overrides the one of an ``options=Options(...)`` object when given; without
+    either it is ``"dnnfusion"``."""
     tgt = to_target(target)
     with tgt:
-        return Sequential(tgt, strategy=strategy, **options)(mod)
+        return Sequential(tgt, **_with_strategy(strategy, options))(mod)
 
 
-def compile_model(mod: tvm.IRModule, target="llvm", strategy: str = "dnnfusion", **options):
+def _with_strategy(strategy: str | None, options: dict) -> dict:
+    return options if strategy is None else {**options, "strategy": strategy}
+
+
+def compile_model(mod: tvm.IRModule, target="llvm", strategy: str | None = None, **options):
     """Compile a Relax module to a VM executable.
 
-    ``strategy="dnnfusion"`` uses the tvm_fusion pipeline; ``"tvm"`` is the stock fused
-    pipeline (``relax.get_default_pipeline``); ``"none"`` is ``tvm.compile``'s CPU default,
-    which does not fuse.
+    ``strategy="dnnfusion"`` (the default, or an ``options=Options(...)`` object's) uses the
+    tvm_fusion pipeline; ``"tvm"`` without other options is the stock fused pipeline
+    (``relax.get_default_pipeline``); ``"none"`` is ``tvm.compile``'s CPU default, which does
+    not fuse.
     """
     tgt = to_target(target)
     require_codegen(tgt)
@@ -136,7 +144,8 @@ def compile_model(mod: tvm.IRModule, target="llvm", strategy: str = "dnnfusion",
             if strategy == "none":
                 return tvm.compile(mod, tgt)
             return tvm.compile(mod, tgt, relax_pipeline=relax.get_default_pipeline(tgt))
-    return tvm.compile(mod, tgt, relax_pipeline=get_pipeline(tgt, strategy=strategy, **options))
+    pipeline = get_pipeline(tgt, **_with_strategy(strategy, options))
+    return tvm.compile(mod, tgt, relax_pipeline=pipeline)
 
 
 def count_kernels(mod: tvm.IRModule) -> int:

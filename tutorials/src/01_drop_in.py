@@ -155,6 +155,14 @@ for name, k in kernels.items():
     print(f"{name:20s} {k:3d} kernels")
 
 # %% [markdown]
+# The same plan as a picture: each kernel a cluster coloured by its anchor's mapping type,
+# the reason on every edge between two kernels (hover), and stock FuseOps' grouping behind the
+# toggle. `tvm-fusion report model.onnx --html plan.html` writes the same page to a file.
+
+# %%
+tvm_fusion.visualize(model, target, title="FFN block")
+
+# %% [markdown]
 # ## Same numbers
 #
 # The reference is ONNX Runtime with graph optimisations off, on the same random input.

@@ -139,6 +139,15 @@ report = make_report(model, "encoder", target, check=True, rewrite=False, layout
 print(format_report(report, why=True))
 
 # %% [markdown]
+# The same plan drawn (`tvm_fusion.visualize`, the page `tvm-fusion report --html` writes):
+# clusters are the kernels above, and hovering an edge between two of them shows why the
+# planner kept them apart.
+
+# %%
+tvm_fusion.visualize(model, target, title="encoder layer", rewrite=False, layout=False,
+                     profile="off")
+
+# %% [markdown]
 # Reading it: every kernel holds exactly one Many-to-Many operator (13 kernels = the anchor
 # bound). The Q, K and V projections each take their bias add and the head-split reshape and
 # transpose; the attention scale and mask join `Q·Kᵀ`; the head merge and the residual add

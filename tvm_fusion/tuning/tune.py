@@ -38,6 +38,7 @@ kernel, falling back to the hand schedule for kernels without a record; it never
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -74,6 +75,7 @@ WORKLOADS_FILE = "database_workload.json"
 COST_MODEL_FILE = "cost_model.tar"
 FAILED_RUN_S = 1e9  # meta_schedule stores 1e10 s for a failed run; anything above is failed
 FORMAT = "tvm_fusion.tuning"
+META_SCHEDULE_LOGGER = "tvm.s_tir.meta_schedule"
 
 
 @dataclass
@@ -364,9 +366,27 @@ def _tune_contexts(tasks, work_dir: str, cfg: TuneConfig):
     strategy = ms.search_strategy.EvolutionarySearch(
         population_size=cfg.population, init_measured_ratio=0.2,
         init_min_unmeasured=min(50, cfg.population), genetic_num_iters=2)
-    return ms.relax_integration.extracted_tasks_to_tune_contexts(
-        tasks, work_dir, strategy=strategy, num_threads=max(1, os.cpu_count() or 1),
-        seed=cfg.seed)
+    with _unnamed_handlers_aside(META_SCHEDULE_LOGGER):
+        return ms.relax_integration.extracted_tasks_to_tune_contexts(
+            tasks, work_dir, strategy=strategy, num_threads=max(1, os.cpu_count() or 1),
+            seed=cfg.seed)
+
+
+@contextlib.contextmanager
+def _unnamed_handlers_aside(name: str):
+    """meta_schedule's logging set-up lists the logger's handlers by name and fails on an
+    unnamed one (``'NoneType' object has no attribute 'format'``); pytest >= 9.2 attaches its
+    unnamed capture handlers to such a non-propagating logger, and a user's code may too. They
+    step aside while meta_schedule configures its loggers, and come back after."""
+    logger = logging.getLogger(name)
+    unnamed = [h for h in logger.handlers if h.get_name() is None]
+    for handler in unnamed:
+        logger.removeHandler(handler)
+    try:
+        yield
+    finally:
+        for handler in unnamed:
+            logger.addHandler(handler)
 
 
 def tune(mod: tvm.IRModule, cfg: TuneConfig) -> TuneResult:
@@ -440,7 +460,7 @@ def _tune(mod, cfg: TuneConfig, target, host, port, servers, work_dir, meta, db,
     progress = None
     ran = failed = 0
     if remaining:
-        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+        logging.getLogger(META_SCHEDULE_LOGGER).setLevel(logging.WARNING)
         contexts, weights = _tune_contexts(tasks, work_dir, cfg)
         cost_model = ms.cost_model.XGBModel(
             extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True,

@@ -91,13 +91,19 @@ def count_servers(host: str, port: int, key: str, timeout_s: float = 10.0) -> in
     return max(listed, free)
 
 
+EMPTY_KEY_PATIENCE_S = 5.0  # how long check_farm looks for a server before saying none
+
+
 def check_farm(host: str, port: int, key: str, timeout_s: float = 10.0) -> int:
     """The number of servers under ``key``; a ``ValueError`` naming ``--key`` when none."""
-    n = 0
-    for attempt in range(3):  # a few looks: a server may be between two registrations
+    # Several looks: a server may be between two registrations (TVM's server puts a new match
+    # key after each session, and 4 s after a client took its key without connecting), which
+    # a loaded machine stretches; with none seen, keep looking before calling the key empty.
+    n, looks, deadline = 0, 0, time.monotonic() + EMPTY_KEY_PATIENCE_S
+    while looks < 3 or (n == 0 and time.monotonic() < deadline):
         n = max(n, count_servers(host, port, key, timeout_s))
-        if attempt < 2:
-            time.sleep(0.3)
+        looks += 1
+        time.sleep(0.3)
     if n == 0:
         raise ValueError(f"--key {key!r}: no RPC server is registered under this key at the "
                          f"tracker {host}:{port} (query it: python -m tvm.exec.query_rpc_tracker "

@@ -39,6 +39,8 @@ _ITEM3 = "issue 17 item 3: fast_math gives non-IEEE results for NaN/inf inputs"
 #: reported with it), with the cause. A fixed seed simply passes; then remove its entry, so
 #: that a relapse fails.
 KNOWN: dict[int, str] = {}  # every bug the short run found is fixed
+#: Each short-run seed's outcome class, for the check after the run.
+OUTCOMES: dict[int, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +53,20 @@ def worker():
 def test_short_run(seed, worker):
     case = draw_case(seed)
     outcome = worker.check(case)
+    OUTCOMES[seed] = outcome.cls
     if seed in KNOWN and outcome.cls in ("wrong", "crash", "timeout"):
         pytest.xfail(KNOWN[seed])
     assert outcome.cls in ("ok", "skipped"), (
         f"seed {seed} ({outcome.cls}, options {case.options}, special={case.special}): "
         f"{outcome.error}; reproduce with scripts/fuzz.py --seeds {seed}:{seed + 1}")
+
+
+def test_short_run_mostly_builds():
+    """A fault in the harness itself (every build failing the same way) would make each case
+    "skipped", and the run above would pass; most cases must really be compared."""
+    if len(OUTCOMES) < len(list(_seed_range())):
+        pytest.skip("needs the whole short run")
+    assert sum(cls == "ok" for cls in OUTCOMES.values()) >= len(OUTCOMES) // 2, OUTCOMES
 
 
 @pytest.mark.slow

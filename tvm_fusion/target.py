@@ -9,6 +9,7 @@ the CLI's default target is :func:`host_target`; nothing here names a CPU model 
 
 from __future__ import annotations
 
+import importlib
 import json
 import platform
 import warnings
@@ -29,6 +30,8 @@ def to_target(target) -> tvm.target.Target:
     a ``ValueError`` whose one line names it."""
     if isinstance(target, tvm.target.Target):
         return target
+    if isinstance(target, str) and target.startswith("qcom/"):
+        importlib.import_module("tvm.backend.adreno")  # registers the qcom/* tags
     if isinstance(target, str) and target.strip().startswith("{"):
         try:
             target = json.loads(target)

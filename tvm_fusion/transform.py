@@ -36,7 +36,7 @@ from .relay_passes.fusion_table import FusionTable
 from .relay_passes.mapping_type import AnnotateMappingType
 from .relay_passes.plan_fusion import PlanFusion
 from .symbolic import symbolic_hints
-from .target import warn_if_bare_llvm
+from .target import to_target, warn_if_bare_llvm
 from .tir_schedules.fused_block import ScheduleFusedBlocks
 from .tuning.blocklist import DatabaseBlocklist
 from .tuning.database import default_path
@@ -118,7 +118,7 @@ def Sequential(  # noqa: N802 (named like tvm.transform.Sequential, which it sta
     """
     opts = (options or Options()).replace(**kwargs)
     plan_options = make_plan_options(opts)
-    resolved = _resolve_target(target)
+    resolved = None if target is None else to_target(target)
     hints = opts.planning.symbolic_hint or {}
     if resolved is not None:
         warn_if_bare_llvm(resolved)  # once per process: "llvm" on x86-64 is SSE2
@@ -158,14 +158,6 @@ def register() -> None:
     if PIPELINE_NAME not in relax.pipeline.PIPELINE_MAP:
         relax.register_pipeline(PIPELINE_NAME)(get_pipeline)
 
-
-def _resolve_target(target) -> tvm.target.Target | None:
-    if target is None or isinstance(target, tvm.target.Target):
-        return target
-    try:
-        return tvm.target.Target(target)
-    except Exception as err:  # TVM's message is long; keep the cause, name the option
-        raise ValueError(f"invalid target {target!r}: {str(err).splitlines()[0]}") from None
 
 
 register()

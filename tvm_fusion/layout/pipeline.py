@@ -15,12 +15,11 @@ backend); it keeps that backend on an Adreno target without textures too.
 
 from __future__ import annotations
 
-import importlib
-
 import tvm
 
 from .. import pipeline, transform
 from ..options import Options
+from ..target import to_target
 from .smartmem import EliminateLayoutTransforms
 
 # SmartMem's options: given explicitly, graph_passes takes SmartMem's own path (below)
@@ -29,13 +28,6 @@ _SMARTMEM_OPTIONS = ("layout_policy", "layout_copies", "fuse_epilogues")
 _PLAN_KEYS = ("strategy", "broadcast_policy", "seed_policy", "max_ops_per_block", "table3",
               "flops_per_byte")
 
-
-def _target(target) -> tvm.target.Target:
-    if isinstance(target, tvm.target.Target):
-        return target
-    if isinstance(target, str) and target.startswith("qcom/"):
-        importlib.import_module("tvm.backend.adreno")  # registers the qcom/* tags
-    return tvm.target.Target(target)
 
 
 def graph_passes(target, layout: bool = True, fuse: bool = True, **options) -> tvm.transform.Pass:
@@ -48,7 +40,7 @@ def graph_passes(target, layout: bool = True, fuse: bool = True, **options) -> t
     (no rewriting, no conv packing, under ``strategy="tvm"`` too), the way SmartMem's
     measurements compare it (:func:`tvm_fusion.pipeline.smartmem_phase`).
     """
-    tgt = _target(target)
+    tgt = to_target(target)
     opts = Options.from_kwargs(**options)
     if fuse and not any(k in options for k in _SMARTMEM_OPTIONS):
         return transform.Sequential(tgt, opts, layout=layout)
@@ -75,7 +67,7 @@ def opencl_module(mod: tvm.IRModule, target, layout: bool = True, fuse: bool = T
                   **options) -> tvm.IRModule:
     """The Relax module our OpenCL build would lower, after every tvm_fusion pass: what
     :class:`.opencl_runner.OpenCLRunner` runs on PoCL."""
-    tgt = _target(target)
+    tgt = to_target(target)
     graph = graph_passes(tgt, layout, fuse, **options)
     with tgt:
         return pipeline.build(tgt, graph, "adreno", lower=False)(mod)
@@ -84,7 +76,7 @@ def opencl_module(mod: tvm.IRModule, target, layout: bool = True, fuse: bool = T
 def compile_opencl(mod: tvm.IRModule, target, layout: bool = True, **options):
     """``tvm.compile`` for an Adreno OpenCL target with our passes and TIR lowering (a VM
     executable whose OpenCL source ``inspect_source`` shows; the wheel cannot run it)."""
-    tgt = _target(target)
+    tgt = to_target(target)
     if tgt.host is None:
         tgt = tvm.target.Target(tgt, host="llvm")
 

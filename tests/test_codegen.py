@@ -151,9 +151,11 @@ def test_gelu_prologue_of_matmul_is_computed_once_with_reason():
     assert any("prologue of Many-to-Many" in r for r in reasons)
 
 
-def test_transpose_epilogue_becomes_permuted_store():
+@pytest.mark.parametrize("packed", [True, False])
+def test_transpose_epilogue_becomes_permuted_store(packed):
     """matmul → add → reshape → transpose (a Q/K/V projection) is one loop nest: the transposed
-    output is written straight from the accumulator tile, nothing else is allocated."""
+    output is written straight from the accumulator tile, nothing else is allocated (the packed
+    GEMM's accumulators are ``local`` allocations of its own nest, not buffers of a block)."""
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
              helper.make_node("Add", ["m", "b"], ["a"]),
              helper.make_node("Reshape", ["a", "shape"], ["r"]),
@@ -161,10 +163,15 @@ def test_transpose_epilogue_becomes_permuted_store():
     model = _model(nodes, [_vi("x", [1, 16, 32])], [_vi("y", [1, 4, 16, 8])],
                    [_w("w", [32, 32]), _w("b", [32], 1),
                     numpy_helper.from_array(np.array([1, 16, 4, 8]), "shape")])
-    mod = _check(model)
+    mod = _check(model, pack_weights=packed)
     (name, func), = [(n, f) for n, f in _primfuncs(mod) if "matmul" in n]
-    assert "stored from the accumulator" in "\n".join(func.attrs[SCHEDULE_ATTR])
-    assert set(_lowered_buffers(func)) == {"matmul_intermediate_local"}, name
+    notes = "\n".join(func.attrs[SCHEDULE_ATTR])
+    if packed:
+        assert "epilogue" in notes and "at the last K block" in notes, notes
+        assert not _lowered_buffers(func), name
+    else:
+        assert "stored from the accumulator" in notes, notes
+        assert set(_lowered_buffers(func)) == {"matmul_intermediate_local"}, name
 
 
 @T.prim_func(s_tir=True)
@@ -258,7 +265,7 @@ def _rule_models():
                       [_vi("x", [1, 8, 16, 16])], [_vi("y", [1, 8, 16, 16])],
                       [_w("w", [8, 1, 3, 3])])
     return {
-        "matmul": (mm, "tile matmul"),
+        "matmul": (mm, "packed GEMM"),
         "matmul_transposed_b": (nt, "output axis innermost"),
         "swish_before_depthwise": (swish_dw, "staged per slab, vector"),
         "conv_packed": (_conv_model(8, 16, 12, 3), "conv2d_NCHWc: tile matmul: v_oc_block"),
@@ -336,10 +343,10 @@ def test_failed_schedule_falls_back_with_warning_and_reason(monkeypatch):
 
     real = fb.schedule_cpu
 
-    def broken(sch, params, tile=True, kept=None):
+    def broken(sch, params, tile=True, kept=None, skip=None):
         if tile:
             raise RuntimeError("rule exploded")
-        return real(sch, params, tile=tile, kept=kept)
+        return real(sch, params, tile=tile, kept=kept, skip=skip)
 
     monkeypatch.setattr(fb, "schedule_cpu", broken)
     model = _RULES["conv"][0]
@@ -430,12 +437,13 @@ def test_gemm_reuse_axis_with_a_register_tile_wins_over_a_longer_one():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 49, 288])], [weight])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    notes = [n for f in fuse(import_onnx(model), TARGET).functions.values()
+    # the register-tile rule: what a GEMM of two activations (or pack_weights=False) gets
+    notes = [n for f in fuse(import_onnx(model), TARGET, pack_weights=False).functions.values()
              if f.attrs is not None and SCHEDULE_ATTR in f.attrs
              for n in f.attrs[SCHEDULE_ATTR]]
     assert any("registers" in n and "tile matmul" in n for n in notes), notes
     feeds = random_inputs(model)
-    got = run(compile_model(import_onnx(model), TARGET), [feeds["x"]])
+    got = run(compile_model(import_onnx(model), TARGET, pack_weights=False), [feeds["x"]])
     compare(got, onnx_reference(model, feeds), rtol=1e-4, atol=1e-4)
 
 

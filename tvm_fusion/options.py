@@ -271,6 +271,11 @@ class Scheduling(_Group):
         "bool", True,
         doc="Ours: scheduled CPU code uses vectorisable float32 exp/erf/tanh/sigmoid; `False`: "
             "TVM's exact ones.")
+    pack_weights: bool = _opt(
+        "bool", True,
+        doc="Ours, CPU targets: a matmul with a constant weight gets it packed at compile time "
+            "into GEMM panels and the packed GEMM kernel (docs/codegen.md); `False`: the "
+            "register-tile schedule reads the weight as it is.")
 
 
 @dataclass(frozen=True)

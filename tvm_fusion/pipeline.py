@@ -2,9 +2,10 @@
 
 A build runs four phases; each function below returns one of them for a target::
 
-    graph      graph_phase      rewriting → conv packing → TVM's legalisation → SmartMem's
-                                elimination → mapping types → planning (DNNFusion, Apollo or
-                                stock FuseOps) → FuseTIR → [CPU: ScheduleFusedBlocks]
+    graph      graph_phase      rewriting → conv packing → [CPU: GEMM weight packing] → TVM's
+                                legalisation → SmartMem's elimination → mapping types →
+                                planning (DNNFusion, Apollo or stock FuseOps) → FuseTIR →
+                                [CPU: ScheduleFusedBlocks]
     schedule   schedule_passes  CPU: nothing more; GPU: OptiFX's template, else DLight;
                                 Adreno: texture scopes, texel-per-thread schedules
     lowering   lowering         TVM's own dataflow lowering and finalisation for the target
@@ -32,6 +33,7 @@ from tvm.relax.backend.cuda import pipeline as cuda_backend
 from tvm.relax.backend.gpu_generic import pipeline as gpu_backend
 
 from .layout.conv_pack import PackConvs
+from .layout.gemm_pack import PackMatmulWeights
 from .layout.smartmem import EliminateLayoutTransforms
 from .layout.texture import AnnotateTextureScopes, ScheduleTextureKernels, wants_texture
 from .layout.texture_lower import LowerTextures
@@ -94,6 +96,10 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
         if layout == "auto" and opts.optifx.conv_chains != "off":
             layout = "NCHW"
         passes.append(PackConvs(target, layout))
+    if opts.scheduling.pack_weights and target.kind.name == "llvm":
+        # every strategy our CPU schedules run for ("tvm" included: the baseline of every
+        # benchmark), so that a GEMM is the same kernel whatever the grouping
+        passes.append(PackMatmulWeights(target))
     passes += legalize_passes(target)
     if ours and smartmem.layout:
         passes.append(EliminateLayoutTransforms(target, smartmem.layout_policy,

@@ -34,16 +34,17 @@ from .loops import loop_extent, loops_by_var, parallelize, vectorize_inner
 
 
 def schedule_cpu(sch: s_tir.Schedule, params: CpuParams, tile: bool = True,
-                 kept: dict[str, str] | None = None) -> list[str]:
+                 kept: dict[str, str] | None = None, skip: set[str] | None = None) -> list[str]:
     """Schedule every stage of the function in ``sch``; returns one note per stage.
 
     ``tile=False`` is the fallback: no register tiles, every stage a plain parallel (and where
     possible vectorised) loop nest. Copies made for vector-friendly layouts are added to
-    ``kept`` (buffer -> reason)."""
+    ``kept`` (buffer -> reason). Blocks named in ``skip`` are left as they are (the packed
+    GEMM's, which ``cpu_gemm.py`` replaces by its own nest)."""
     kept = {} if kept is None else kept
     outputs = param_names(sch)
     shapes = tile_shapes(sch)
-    done: set[str] = set()
+    done: set[str] = set(skip or ())
     notes: list[str] = []
     skipped: set[str] = set()
     while tile:

@@ -283,31 +283,9 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
     inner = ([u_i] if u_i is not None else []) + [v_i]
     sch.reorder(*outer, *reduce, *inner)
     sch.reverse_compute_at(wb, outer[-1], preserve_unit_loops=True)
-    # Fold the epilogue chain into the write-back, now under the tile loop: each sole
-    # spatial consumer of what the write-back writes is inlined into it, so it stores the
+    # Fold the epilogue chain into the write-back, now under the tile loop: it stores the
     # epilogue's value at the epilogue's (possibly permuted) index from the accumulator.
-    fused_epilogue, leftover = [], []
-    nested = cost = 0  # of the epilogue folded so far (one expression: inline.py's budgets)
-    while True:
-        consumers = sch.get_consumers(wb)
-        if len(consumers) != 1:
-            leftover = list(consumers)
-            break
-        cf = block_facts(sch, consumers[0])
-        written = sch.get(wb).writes[0].source.name
-        if (cf is None or cf.is_reduction or _read_under_condition(sch, consumers[0], written)
-                or not _reads_each_element_once(cf, written, shapes_of(sch))
-                or not fits_one_expression(nested + cf.nested, cost + cf.cost)):
-            leftover = [consumers[0]]
-            break
-        nested, cost = nested + cf.nested, cost + cf.cost
-        try:
-            _hide_reads(sch, consumers[0], ready)
-            sch.reverse_compute_inline(consumers[0])
-        except s_tir.ScheduleError:
-            leftover = [consumers[0]]
-            break
-        fused_epilogue.append(cf.name)
+    fused_epilogue, leftover = fold_epilogue_chain(sch, wb, ready)
     if fused_epilogue:
         notes.append("epilogue " + "+".join(fused_epilogue) + " stored from the accumulator")
     for consumer in leftover:  # epilogues that could not be inlined: computed per tile
@@ -335,6 +313,35 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
         done += [sch.get(init).name_hint, sch.get(block_rv).name_hint]
         _vectorize_last(sch, init, params)
     return done, notes
+
+
+def fold_epilogue_chain(sch: s_tir.Schedule, wb, ready: set[str],
+                        trial: bool = False) -> tuple[list[str], list]:
+    """Inline each sole spatial consumer of what the write-back ``wb`` writes into it, while
+    it reads each element once and the expression stays within inline.py's budgets. Reads of
+    the ``ready`` buffers (finished before the anchor) are hidden from the dependence check.
+    ``trial``: try each step on a copy first, so that a refused step leaves nothing hidden.
+    Returns the names folded and the consumers left over."""
+    fused: list[str] = []
+    nested = cost = 0  # of the epilogue folded so far (one expression: inline.py's budgets)
+    while True:
+        consumers = sch.get_consumers(wb)
+        if len(consumers) != 1:
+            return fused, list(consumers)
+        cf = block_facts(sch, consumers[0])
+        written = sch.get(wb).writes[0].source.name
+        if (cf is None or cf.is_reduction or _read_under_condition(sch, consumers[0], written)
+                or not _reads_each_element_once(cf, written, shapes_of(sch))
+                or not fits_one_expression(nested + cf.nested, cost + cf.cost)):
+            return fused, [consumers[0]]
+        nested, cost = nested + cf.nested, cost + cf.cost
+        for step in ([sch.copy()] if trial else []) + [sch]:
+            try:
+                _hide_reads(step, consumers[0], ready)
+                step.reverse_compute_inline(consumers[0])
+            except s_tir.ScheduleError:
+                return fused, [consumers[0]]
+        fused.append(cf.name)
 
 
 def _pad_symbolic_rows(sch: s_tir.Schedule, block_rv, plan: TilePlan) -> list[str]:

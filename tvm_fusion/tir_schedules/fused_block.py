@@ -28,6 +28,7 @@ from tvm import s_tir, tirx
 from ..tir_utils import has_extern_call, iter_sblocks, refresh_access_regions
 from .analysis import alloc_buffers
 from .cpu import schedule_cpu
+from .cpu_gemm import emit_packed_gemms, has_packed_gemm, prepare_packed_gemms
 from .cpu_target import CpuParams, cpu_params
 from .fast_math import fast_math
 from .ieee import protect_negations
@@ -48,17 +49,24 @@ from .records import (
 
 
 def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = True,
-                      tile: bool = True, fast: bool = True) -> tirx.PrimFunc:
+                      tile: bool = True, fast: bool = True,
+                      packed_gemm: bool = True) -> tirx.PrimFunc:
     """One fused PrimFunc, inlined and scheduled, with the record attributes attached.
 
     ``fast`` replaces float32 exp/erf/tanh/sigmoid by vectorisable approximations
-    (:mod:`.fast_math`)."""
+    (:mod:`.fast_math`). ``packed_gemm``: packed-weight GEMMs get the template nest of
+    :mod:`.cpu_gemm` (with ``tile``); otherwise the register-tile rule."""
     base = hoist_independent_stages(refresh_access_regions(protect_negations(func)))
     base = base.with_attr("global_symbol", "main")
     sch = s_tir.Schedule(base)
     kept, inlined = inline_producers(sch) if inline else ({}, [])
-    notes = schedule_cpu(sch, params, tile=tile, kept=kept)
-    result = sch.mod["main"]
+    sites, gemm_notes = prepare_packed_gemms(sch) if tile and packed_gemm else ([], [])
+    skip = {s.gemm for s in sites} | {s.writeback for s in sites}
+    notes = schedule_cpu(sch, params, tile=tile, kept=kept, skip=skip)
+    result, emitted = sch.mod["main"], []
+    if sites:
+        result, emitted = emit_packed_gemms(result, sites, params)
+    notes = emitted + gemm_notes + notes
     if fast:  # last: TVM's inliners cannot analyse the Let bindings it introduces
         result = fast_math(result)
     reasons = kept_reasons(result, kept, notes)
@@ -78,6 +86,14 @@ def schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
         return probe_build(schedule_primfunc(func, params, fast=fast))
     except Exception as err:  # noqa: BLE001 (TVM raises several types; all mean "not this")
         reason = f"{type(err).__name__}: {first_line(err)}"
+    if has_packed_gemm(func):  # the packed GEMM kernel failed: the register-tile rule
+        try:
+            out = probe_build(schedule_primfunc(func, params, fast=fast, packed_gemm=False))
+            notes = list(out.attrs[SCHEDULE_ATTR])
+            return out.with_attr(SCHEDULE_ATTR, [f"packed GEMM kernel not used ({reason})"]
+                                 + notes)
+        except Exception as err:  # noqa: BLE001
+            reason = f"{reason}; then {type(err).__name__}: {first_line(err)}"
     warnings.warn(f"tvm_fusion: schedule of {gvar.name_hint} failed ({reason}); "
                   f"using inlining with plain parallel/vector loops", ScheduleFailedWarning,
                   stacklevel=2)

@@ -1,0 +1,295 @@
+"""The packed-weight CPU GEMM (issue 20, item 1): constant matmul weights packed at compile time
+(``layout/gemm_pack.py``), the MLAS-order template nest with its epilogue
+(``tir_schedules/gemm_template.py``, ``cpu_gemm.py``), on odd shapes, symbolic and batched M,
+both strategies that get our schedules, and the code LLVM makes of it for AVX2, AVX-512 and
+AArch64."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+from conftest import TARGET
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+from tvm.ir.expr import GenericConst
+
+from tvm_fusion.compile import compile_model, fuse, import_onnx, run
+from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.tir_schedules.cpu_target import Cache, CpuParams, cpu_params
+from tvm_fusion.tir_schedules.fused_block import FALLBACK_ATTR, SCHEDULE_ATTR
+
+ZEN3 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 1})
+AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 1})
+AARCH64 = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu",
+                             "mattr": ["+neon"], "num-cores": 1})
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _w(name, shape, seed=0):
+    data = np.random.default_rng(seed).standard_normal(shape).astype("float32")
+    return numpy_helper.from_array(data, name)
+
+
+def _model(nodes, inputs, outputs, inits):
+    graph = helper.make_graph(nodes, "gemm", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    return model
+
+
+def _matmul(m, k, n):
+    return _model([helper.make_node("MatMul", ["x", "W"], ["y"])], [_vi("x", [m, k])],
+                  [_vi("y", [m, n])], [_w("W", [k, n])])
+
+
+def _feeds(model, **shapes):
+    rng = np.random.default_rng(1)
+    out = {}
+    for value in model.graph.input:
+        dims = [d.dim_value or shapes[d.dim_param] for d in value.type.tensor_type.shape.dim]
+        out[value.name] = rng.standard_normal(dims).astype("float32")
+    return out
+
+
+def _check(model, target=TARGET, feeds=None, stock=False, **options):
+    """Our build agrees with ONNX Runtime (and with stock TVM when asked); returns the fused
+    module for structural checks."""
+    feeds = feeds or _feeds(model)
+    mod = import_onnx(model)
+    inputs = list(feeds.values())
+    reference = onnx_reference(model, feeds)
+    # K terms of magnitude ~1: the fp32 sums differ by ~1e-7·sqrt(K)·|terms| between orders
+    got = run(compile_model(mod, target, **options), inputs)
+    compare(got, reference, rtol=1e-4, atol=2e-4)
+    if stock:
+        compare(got, run(compile_model(mod, target, strategy="tvm"), inputs), rtol=1e-4,
+                atol=2e-4)
+    return fuse(mod, target, **options)
+
+
+def _notes(mod) -> str:
+    return "\n".join(n for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)
+                     for n in (f.attrs or {}).get(SCHEDULE_ATTR, []))
+
+
+# ------------------------------------------------------------------------------ numerics
+
+_SHAPES = [(m, n, 17) for m in (1, 3, 17, 197) for n in (1, 33, 100, 1000)] + [
+    (m, n, 768) for m in (1, 17, 197) for n in (1, 33, 1000)]
+
+
+@pytest.mark.parametrize("m, n, k", _SHAPES)
+def test_odd_shapes_match_onnxruntime(m, n, k):
+    """M tails of every size, N below one panel, a zero-padded last panel, K with one block
+    (17) and with several (768 on a 32 KiB L1: three)."""
+    mod = _check(_matmul(m, k, n), stock=m * n * k < 1e6)
+    assert "packed GEMM" in _notes(mod)
+
+
+def test_avx2_tile_on_this_target():
+    """The 4×24 tile and Zen 3's blocks, numerically right where the CPU runs AVX2."""
+    if not _host_has("avx2"):
+        pytest.skip("this CPU has no AVX2")
+    mod = _check(_matmul(37, 600, 130), target=ZEN3)
+    assert "packed GEMM 4×24 tile, KC 256" in _notes(mod)
+
+
+@pytest.mark.parametrize("strategy", ["dnnfusion", "tvm"])
+def test_gemm_transb_bias_gelu_residual_epilogue(strategy):
+    """ONNX Gemm (transB=1) + GELU + residual: one nest; the epilogue at the final store."""
+    m, k, n = 19, 300, 70
+    model = _model([helper.make_node("Gemm", ["x", "W", "b"], ["y"], transB=1),
+                    helper.make_node("Gelu", ["y"], ["g"]),
+                    helper.make_node("Add", ["g", "r"], ["z"])],
+                   [_vi("x", [m, k]), _vi("r", [m, n])], [_vi("z", [m, n])],
+                   [_w("W", [n, k]), _w("b", [n], 2)])
+    mod = _check(model, strategy=strategy, schedule=True)
+    notes = _notes(mod)
+    assert "packed GEMM" in notes and "at the last K block" in notes, notes
+
+
+def test_transpose_after_the_gemm_is_its_store_index():
+    """The transposed output is stored from the accumulator: one kernel, no copy after it
+    (SmartMem's elimination or the planner may name the block otherwise)."""
+    model = _model([helper.make_node("MatMul", ["x", "W"], ["y"]),
+                    helper.make_node("Relu", ["y"], ["r"]),
+                    helper.make_node("Transpose", ["r"], ["z"], perm=[0, 2, 1])],
+                   [_vi("x", [2, 9, 40])], [_vi("z", [2, 30, 9])], [_w("W", [40, 30])])
+    mod = _check(model)
+    notes = _notes(mod)
+    assert "epilogue" in notes and "at the last K block" in notes, notes
+    assert sum(isinstance(f, tvm.tirx.PrimFunc) for f in mod.functions.values()) == 1
+
+
+@pytest.mark.parametrize("strategy", ["dnnfusion", "tvm"])
+def test_swiglu(strategy):
+    """silu(x·Wg) · (x·Wu): under stock grouping the up GEMM's epilogue reads the gate GEMM's
+    result; DNNFusion's rewriting concatenates the weights and the product reads both halves."""
+    m, k, n = 11, 96, 40
+    model = _model([helper.make_node("MatMul", ["x", "Wg"], ["g"]),
+                    helper.make_node("MatMul", ["x", "Wu"], ["u"]),
+                    helper.make_node("Sigmoid", ["g"], ["s"]),
+                    helper.make_node("Mul", ["g", "s"], ["silu"]),
+                    helper.make_node("Mul", ["silu", "u"], ["z"])],
+                   [_vi("x", [m, k])], [_vi("z", [m, n])], [_w("Wg", [k, n]), _w("Wu", [k, n], 3)])
+    mod = _check(model, strategy=strategy, schedule=True)
+    assert "packed GEMM" in _notes(mod)
+
+
+def test_symbolic_rows_one_build_two_sizes():
+    """A symbolic sequence length and a batch dimension folded into M: one build, run at a
+    length that fills whole row tiles and at one that leaves a 3-row tail."""
+    model = _model([helper.make_node("MatMul", ["x", "W"], ["y"]),
+                    helper.make_node("Add", ["y", "b"], ["z"])],
+                   [_vi("x", [2, "seq", 50])], [_vi("z", [2, "seq", 33])],
+                   [_w("W", [50, 33]), _w("b", [33], 2)])
+    mod = import_onnx(model)
+    executable = compile_model(mod, TARGET)
+    for seq in (8, 23):
+        feeds = _feeds(model, seq=seq)
+        got = run(executable, list(feeds.values()))
+        compare(got, onnx_reference(model, feeds), rtol=1e-4, atol=2e-4)
+    assert "packed GEMM" in _notes(fuse(mod, TARGET))
+
+
+def test_batched_a_with_transposed_rows_is_copied_row_major():
+    """A read through a transpose and reshape (attention heads merged before the output
+    projection): copied once so the kernel's broadcasts walk along k."""
+    model = _model([helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1, 3]),
+                    helper.make_node("Reshape", ["t", "shape"], ["r"]),
+                    helper.make_node("MatMul", ["r", "W"], ["z"])],
+                   [_vi("x", [1, 4, 13, 16])], [_vi("z", [1, 13, 30])],
+                   [_w("W", [64, 30]), numpy_helper.from_array(np.array([1, 13, 64]), "shape")])
+    notes = _notes(_check(model))
+    assert "A copied row-major first" in notes, notes
+
+
+@pytest.mark.parametrize("cores, mode", [(2, "parallel N blocks"), (2, "parallel row ranges")])
+def test_threads(cores, mode):
+    """N blocks in parallel when N has enough panels, else row ranges."""
+    n = 300 if mode == "parallel N blocks" else 20
+    target = tvm.target.Target({"kind": "llvm", "num-cores": cores})
+    notes = _notes(_check(_matmul(301, 64, n), target=target))
+    assert mode in notes, notes
+
+
+# ------------------------------------------------------------------------------ the weight
+
+def test_packed_weight_is_the_only_constant():
+    """Gemm transB: the weight is folded into one packed constant [⌈N/NR⌉, K, NR], zero past
+    column N; no unpacked copy (neither W nor Wᵀ) stays in the module."""
+    n, k = 50, 32
+    weight = np.random.default_rng(0).standard_normal((n, k)).astype("float32")
+    model = _model([helper.make_node("Gemm", ["x", "W"], ["y"], transB=1)], [_vi("x", [5, k])],
+                   [_vi("y", [5, n])], [numpy_helper.from_array(weight, "W")])
+    mod = fuse(import_onnx(model), ZEN3)
+    consts = []
+    relax.analysis.post_order_visit(mod["main"].body, lambda e: consts.append(e)
+                                    if isinstance(e, GenericConst) else None)
+    shapes = [tuple(int(d) for d in c.ty.shape) for c in consts]
+    assert shapes == [(3, k, 24)], shapes
+    packed = consts[0].value.numpy()
+    expected = np.zeros((k, 72), "float32")
+    expected[:, :n] = weight.T
+    np.testing.assert_array_equal(packed, expected.reshape(k, 3, 24).transpose(1, 0, 2))
+
+
+def test_weights_stay_unpacked_when_asked_or_not_constant():
+    model = _matmul(8, 16, 24)
+    assert "packed GEMM" not in _notes(fuse(import_onnx(model), TARGET, pack_weights=False))
+    activations = _model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                         [_vi("x", [8, 16]), _vi("w", [16, 24])], [_vi("y", [8, 24])], [])
+    assert "packed GEMM" not in _notes(_check(activations))
+
+
+def test_failed_kernel_falls_back_to_register_tiles(monkeypatch):
+    """Anything the template cannot take never fails the build: the register-tile rule runs
+    and the reason is noted."""
+    import tvm_fusion.tir_schedules.fused_block as fb
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("template exploded")
+
+    monkeypatch.setattr(fb, "emit_packed_gemms", broken)
+    mod = _check(_matmul(9, 20, 30))
+    notes = _notes(mod)
+    assert "packed GEMM kernel not used (RuntimeError: template exploded)" in notes, notes
+    assert not any(FALLBACK_ATTR in (f.attrs or {}) for f in mod.functions.values()
+                   if isinstance(f, tvm.tirx.PrimFunc))
+
+
+# ------------------------------------------------------------------------- target parameters
+
+def test_tile_and_blocks_come_from_the_target():
+    zen3 = cpu_params(tvm.target.Target({"kind": "llvm", "mcpu": "znver3",
+                                         "mtriple": "x86_64-linux-gnu"}))
+    assert (zen3.isa, zen3.gemm_tile()) == ("avx2", (4, 24))
+    assert zen3.gemm_blocks(4, 24) == (256, 240)  # the measured best of the design note
+    assert cpu_params(AVX512).gemm_tile() == (12, 32)
+    assert cpu_params(AARCH64).gemm_tile() == (8, 12)
+    zen5 = cpu_params(tvm.target.Target({"kind": "llvm", "mcpu": "znver5",
+                                         "mtriple": "x86_64-linux-gnu"}))
+    assert zen5.gemm_blocks(12, 32) == (256, 512)
+    # a narrower panel (N of one vector) gets the rows that fit the registers beside it
+    params = CpuParams(8, 12, 1, "avx2", 16, 8, Cache(32768, 8), Cache(524288, 8))
+    assert params.gemm_tile(8) == (14, 8) and params.gemm_tile(16) == (6, 16)
+
+
+# ------------------------------------------------------------------------------ the code
+
+def _fma_loops(asm: str) -> list[tuple[int, int, int]]:
+    """(lines, FMAs, stack accesses) of every innermost loop (a backward branch whose body
+    holds no other loop) that does FMAs."""
+    lines = asm.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines)
+              if (m := re.match(r"^(\.?L\w+):", line))}
+    loops = []
+    for i, line in enumerate(lines):
+        m = re.match(r"\s+(?:j\w+|b\.\w+|b|cbnz|cbz)\s+(?:\w+,\s*)*(\.?L\w+)\s*$", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            loops.append((labels[m.group(1)], i))
+    out = []
+    for start, end in loops:
+        if any(s > start and e < end for s, e in loops):
+            continue  # not innermost
+        body = lines[start:end + 1]
+        fma = sum(bool(re.search(r"vfmadd|\bfmla\b", x)) for x in body)
+        stack = sum(bool(re.search(r"\(%rsp\)|\[sp\b", x)) for x in body)
+        if fma:
+            out.append((len(body), fma, stack))
+    return out
+
+
+def _asm(model, target) -> str:
+    executable = compile_model(import_onnx(model), target)
+    return "\n".join(m.inspect_source("asm") for m in executable.mod.imports)
+
+
+@pytest.mark.parametrize("target, fma_per_k", [(ZEN3, 12), (AVX512, 24), (AARCH64, 24)],
+                         ids=["avx2", "avx512", "aarch64"])
+def test_micro_kernel_keeps_its_accumulators_in_registers(target, fma_per_k):
+    """Compile only (the AVX-512 and AArch64 code cannot run here): the main tile's k loop
+    has MR·NR/lanes FMAs per k step and touches the stack nowhere (a spill would)."""
+    if "aarch64" in str(target) and "aarch64" not in str(
+            tvm.target.codegen.llvm_get_targets()):
+        pytest.skip("LLVM built without the AArch64 backend")
+    mr, nr = cpu_params(target).gemm_tile()
+    asm = _asm(_matmul(2 * mr + 1, 300, 4 * nr + 5), target)
+    loops = _fma_loops(asm)
+    main = [loop for loop in loops if loop[1] % fma_per_k == 0 and loop[1] >= fma_per_k]
+    assert main, loops
+    assert all(stack == 0 for _, _, stack in main), main
+
+
+def _host_has(feature: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return f" {feature}" in handle.read()
+    except OSError:
+        return False

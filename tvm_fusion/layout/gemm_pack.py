@@ -1,0 +1,160 @@
+"""Constant GEMM weights packed at compile time into the panels the CPU GEMM kernel streams.
+
+``R.matmul(x, B)`` whose ``B`` is a 2-D constant (an ONNX MatMul with an initializer) or the
+transpose of one (ONNX Gemm with ``transB=1``, PyTorch's ``x @ W.T``) becomes
+
+    Bp = call_tir(pack_gemm_weight, (W,))           # folded: one constant, no unpacked copy
+    y  = call_tir(matmul_packed, (x, Bp))           # y[..., i, j] = Σ_k x[..., i, k] ·
+                                                    #     Bp[j // NR, k, j % NR]
+
+with ``Bp[⌈N/NR⌉, K, NR]`` zero-padded to whole panels of NR columns (the target's GEMM
+register tile, :meth:`~tvm_fusion.tir_schedules.cpu_target.CpuParams.gemm_tile`; a narrower
+panel, whole vectors, when N is smaller). Each k-step of a panel is NR contiguous floats and a
+panel's K rows follow each other, which is the order the micro-kernel reads them
+(``tir_schedules/gemm_template.py``). ``FoldConstant`` evaluates the packing, so the module
+holds the packed weight only (what MLAS's ``MlasGemmPackB`` does at session creation).
+
+``matmul_packed`` is an ordinary reduction for legalisation, TVM's op patterns and fusion: the
+epilogues fuse into it as into a matmul; ``ScheduleFusedBlocks`` recognises its read of ``Bp``
+and emits the packed GEMM nest (``tir_schedules/cpu_gemm.py``).
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, te, tirx
+from tvm.ir.expr import GenericConst
+
+from ..tir_schedules.cpu_target import CpuParams, cpu_params
+
+PACKED_GEMM = "matmul_packed"
+PACK_WEIGHT = "pack_gemm_weight"
+
+
+def _dtype(expr) -> str:
+    return str(expr.ty.dtype)
+
+
+def panel_width(n: int, params: CpuParams) -> int:
+    """NR of the panels for N columns: the ISA's tile, or fewer whole vectors when N is
+    smaller (a 1- or 17-column B is not padded to 24)."""
+    _, nr = params.gemm_tile()
+    lanes = params.lanes
+    return min(nr, -(-n // lanes) * lanes)
+
+
+def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int) -> te.Tensor:
+    """``x[..., K] · B`` for ``B`` packed as ``bp[⌈n/NR⌉, K, NR]``."""
+    nr = int(bp.shape[2])
+    k = te.reduce_axis((0, x.shape[-1]), name="k")
+
+    def value(*idx):
+        j = idx[-1]
+        panel = tirx.floordiv(j, tirx.const(nr, _dtype(j)))
+        lane = tirx.floormod(j, tirx.const(nr, _dtype(j)))
+        return te.sum(x[(*idx[:-1], k)] * bp[panel, k, lane], axis=k)
+
+    return te.compute((*x.shape[:-1], tirx.const(n, "int64")), value, name=PACKED_GEMM)
+
+
+def pack_weight(w: te.Tensor, nr: int, transposed: bool) -> te.Tensor:
+    """``B[K, N]`` (or ``W[N, K]`` when ``transposed``) as ``Bp[⌈N/NR⌉, K, NR]``, zeros past
+    column N."""
+    n = int(w.shape[0] if transposed else w.shape[1])
+    k = int(w.shape[1] if transposed else w.shape[0])
+    panels = -(-n // nr)
+
+    def value(p, kk, lane):
+        col = p * nr + lane
+        safe = tirx.min(col, tirx.const(n - 1, _dtype(col)))
+        load = w[safe, kk] if transposed else w[kk, safe]
+        return tirx.Select(col < n, load, tirx.const(0.0, "float32"))
+
+    return te.compute((panels, k, nr), value, name=PACK_WEIGHT)
+
+
+@relax.expr_functor.mutator
+class _Packer(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, params: CpuParams):
+        super().__init__(mod)
+        self.params = params
+        self.packed = 0
+
+    def _constant_weight(self, expr) -> tuple[relax.Expr | None, bool]:
+        """(the 2-D float32 constant, transposed) behind ``expr``, or (None, False)."""
+        if isinstance(expr, tvm.ir.Var):
+            bound = self.lookup_binding(expr)
+            if bound is not None:
+                expr = bound
+        transposed = False
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") == \
+                "relax.permute_dims":
+            axes = expr.attrs.axes
+            if axes is not None and [int(a) for a in axes] != [1, 0]:
+                return None, False
+            transposed, expr = True, expr.args[0]
+            if isinstance(expr, tvm.ir.Var):
+                expr = self.lookup_binding(expr) or expr
+        if not isinstance(expr, GenericConst):
+            return None, False
+        shape = [int(s) for s in expr.ty.shape]
+        if len(shape) != 2 or str(expr.ty.dtype) != "float32" or 0 in shape:
+            return None, False
+        return expr, transposed
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
+        call = self.visit_expr_post_order(call)
+        if getattr(call.op, "name", "") != "relax.matmul" or len(call.args) != 2:
+            return call
+        x, b = call.args
+        out_dtype = getattr(call.attrs, "out_dtype", None)
+        if out_dtype is not None and str(out_dtype) not in ("", "void", "float32"):
+            return call
+        x_ty = x.ty
+        if str(getattr(x_ty, "dtype", "")) != "float32" or getattr(x_ty, "shape", None) is None:
+            return call
+        if len(x_ty.shape) < 1:
+            return call
+        weight, transposed = self._constant_weight(b)
+        if weight is None:
+            return call
+        rows, cols = (int(s) for s in weight.ty.shape)
+        n, k = (rows, cols) if transposed else (cols, rows)
+        x_k = x_ty.shape[-1]
+        if not isinstance(x_k, tirx.IntImm) or int(x_k) != k:
+            return call
+        nr = panel_width(n, self.params)
+        bp = self.builder_.emit(self.builder_.call_te(
+            pack_weight, weight, nr, transposed, primfunc_name_hint=PACK_WEIGHT))
+        self.packed += 1
+        return self.builder_.call_te(packed_matmul, x, bp, n, primfunc_name_hint=PACKED_GEMM)
+
+
+def PackMatmulWeights(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N802 (a pass)
+    """Pack constant matmul weights into GEMM panels on ``llvm`` targets (other targets are
+    left alone); the packing is folded into one constant per weight."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.PackMatmulWeights")
+    def _pack(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        if target.kind.name != "llvm":
+            return mod
+        packer = _Packer(mod, cpu_params(target))
+        changed = False
+        for gvar, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                packer.packed = 0
+                new = packer.visit_expr(func)
+                if packer.packed:
+                    packer.builder_.update_func(gvar, new)
+                    changed = True
+        if not changed:
+            return mod
+        # the pass's own clean-up: the packing evaluated, the unpacked weight dropped
+        mod = relax.transform.FoldConstant()(packer.builder_.get())
+        return relax.transform.DeadCodeElimination()(mod)
+
+    return _pack
+
+
+__all__ = ["PACKED_GEMM", "PACK_WEIGHT", "PackMatmulWeights", "pack_weight", "packed_matmul",
+           "panel_width"]

@@ -1,0 +1,337 @@
+"""The packed-weight GEMM of a fused PrimFunc, with its epilogue, as the template nest of
+:mod:`.gemm_template` (``shared/specs/cpu-gemm.md``).
+
+A *packed GEMM* block is what ``layout/gemm_pack.py`` legalises a constant-weight matmul to::
+
+    C[s..., j] += X(s..., k) · Bp[j // NR, k, j % NR]       # Bp a parameter [⌈N/NR⌉, K, NR]
+
+Two steps, around the rules of :mod:`.cpu` that schedule the other stages of the function:
+
+1. :func:`prepare_packed_gemms`, on the live schedule after inlining: the anchor gets a
+   ``local`` write-back (``cache_write``) and its epilogue chain (bias, activation, residual,
+   SwiGLU's ``silu(gate) · up``, a transpose or reshape) is folded into that write-back
+   (:func:`.cpu_tile.fold_epilogue_chain`), exactly as for the register-tile schedule. Both
+   blocks are then left alone by the other rules.
+2. :func:`emit_packed_gemms`, on the scheduled function: each anchor's loop nest is replaced by
+   the template nest, whose A load is the anchor's (with its batch dimensions folded into the
+   rows) and whose final store is the write-back's (the epilogue, at its index); the
+   write-back's nest goes.
+
+A packed GEMM the template cannot take (an output that is not float32, a write-back whose
+shape is not the anchor's) stays a block of the function for the other rules, and the reason
+is noted (``tvm_fusion.schedule``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, sym, tirx
+from tvm.ir.expr import TensorLoad
+from tvm.s_tir import SBlock
+
+from ..tir_utils import buffer_loads, buffer_stores, const_int, find_all, iter_sblocks
+from .analysis import root_block, stride_in_last_dim
+from .cpu_target import CpuParams
+from .cpu_tile import fold_epilogue_chain
+from .gemm_template import Blocking, Gemm, emit_gemm, parallel_plan
+
+_I0 = tirx.const(0, "int64")
+_ITER_SPATIAL = 0
+_ITER_REDUCE = 2
+
+
+@dataclass
+class PackedGemm:
+    """A packed GEMM block, as matched: its iterators and the load of A (``x``)."""
+
+    rows: list  # spatial iter vars other than j (batch dims, then M), outer first
+    j: tvm.ir.Var
+    k: tvm.ir.Var
+    extents: dict  # iter var name -> extent (PrimExpr)
+    x: tvm.ir.Expr  # the A operand: any expression of rows and k
+    bp: tvm.ir.Var  # the packed weight buffer
+    acc: tvm.ir.Var  # the buffer the block accumulates into
+    nr: int
+
+
+@dataclass
+class GemmSite:
+    """A packed GEMM prepared on the schedule: its block, write-back and folded epilogue."""
+
+    gemm: str
+    writeback: str
+    epilogue: list[str]
+
+
+def match_packed_gemm(block: SBlock) -> PackedGemm | None:
+    """The packed-GEMM pattern of ``block``, or None."""
+    if not isinstance(block.body, tirx.BufferStore) or block.init is None:
+        return None
+    spatial = [iv for iv in block.iter_vars if int(iv.iter_type) == _ITER_SPATIAL]
+    reduce = [iv for iv in block.iter_vars if int(iv.iter_type) == _ITER_REDUCE]
+    if len(reduce) != 1 or not spatial or len(spatial) + 1 != len(block.iter_vars):
+        return None
+    store = block.body
+    names = [iv.var.name for iv in spatial]
+    if [getattr(ix, "name", None) for ix in store.indices] != names:
+        return None
+    value = store.value
+    if not isinstance(value, tirx.Add) or not _is_load_of(value.a, store.buffer, store.indices):
+        return None
+    product = value.b
+    if not isinstance(product, tirx.Mul):
+        return None
+    j, k = spatial[-1].var, reduce[0].var
+    for x, bp in ((product.a, product.b), (product.b, product.a)):
+        nr = _packed_read(bp, j, k)
+        if nr is not None and not _reads(x, bp.source) and not _reads(x, store.buffer):
+            extents = {iv.var.name: iv.dom.extent for iv in block.iter_vars}
+            n, kk = const_int(extents[j.name]), const_int(extents[k.name])
+            shape = [const_int(d) for d in bp.source.shape]
+            if n is None or kk is None or shape != [-(-n // nr), kk, nr]:
+                return None
+            return PackedGemm([iv.var for iv in spatial[:-1]], j, k, extents, x, bp.source,
+                              store.buffer, nr)
+    return None
+
+
+def _is_load_of(expr, buffer, indices) -> bool:
+    return (isinstance(expr, TensorLoad) and expr.source.same_as(buffer)
+            and len(expr.indices) == len(indices)
+            and all(str(a) == str(b) for a, b in zip(expr.indices, indices)))
+
+
+def _packed_read(expr, j, k) -> int | None:
+    """NR when ``expr`` is ``Bp[j // NR, k, j % NR]``."""
+    if not isinstance(expr, TensorLoad) or len(expr.indices) != 3:
+        return None
+    panel, kk, lane = expr.indices
+    if not (isinstance(panel, tirx.FloorDiv) and isinstance(lane, tirx.FloorMod)):
+        return None
+    nr = const_int(panel.b)
+    if nr is None or const_int(lane.b) != nr or const_int(expr.source.shape[2]) != nr:
+        return None
+    if not (_is_var(panel.a, j) and _is_var(lane.a, j) and _is_var(kk, k)):
+        return None
+    return nr
+
+
+def _is_var(expr, var) -> bool:
+    return isinstance(expr, tvm.ir.Var) and (expr.same_as(var) or expr.name == var.name)
+
+
+def _reads(expr, buffer) -> bool:
+    return any(ld.source.same_as(buffer) for ld in buffer_loads(expr))
+
+
+# ------------------------------------------------------------------- step 1: on the schedule
+
+def prepare_packed_gemms(sch: s_tir.Schedule) -> tuple[list[GemmSite], list[str]]:
+    """Give every packed GEMM of the function its write-back with the epilogue folded in.
+    Returns the sites (whose blocks the other rules must skip) and notes."""
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(root_block(sch))
+             if match_packed_gemm(sch.get(b)) is not None]
+    sites, notes = [], []
+    for name in names:
+        block_rv = sch.get_sblock(name)
+        problem = _unsupported(sch.get(block_rv))
+        if problem:
+            notes.append(f"{name}: packed GEMM kernel not used ({problem}); register tiles")
+            continue
+        ready = _finished_before(sch, block_rv)
+        wb = sch.cache_write(block_rv, 0, "local")
+        fused, _ = fold_epilogue_chain(sch, wb, ready, trial=True)
+        site = GemmSite(name, sch.get(wb).name_hint, fused)
+        problem = _unsupported_writeback(sch.get(wb), sch.get(block_rv))
+        if problem:  # cache_write stays: the register-tile rule takes an accumulator block
+            notes.append(f"{name}: packed GEMM kernel not used ({problem}); register tiles")
+            continue
+        sites.append(site)
+    return sites, notes
+
+
+def _unsupported(block: SBlock) -> str | None:
+    if str(block.body.buffer.ty.dtype) != "float32":
+        return f"accumulates {block.body.buffer.ty.dtype}"
+    return None
+
+
+def _unsupported_writeback(wb: SBlock, gemm: SBlock) -> str | None:
+    store = wb.body
+    if not isinstance(store, tirx.BufferStore):
+        return "write-back is not one store"
+    if str(store.buffer.ty.dtype) != "float32":
+        return f"the epilogue stores {store.buffer.ty.dtype}"
+    acc = gemm.body.buffer
+    names = [iv.var.name for iv in wb.iter_vars]
+    if len(names) != len(gemm.body.indices):
+        return "the write-back is not shaped like the accumulator"
+    for load in buffer_loads(store.value):
+        if load.source.same_as(acc) and [getattr(i, "name", None) for i in load.indices] != names:
+            return "the epilogue reads the accumulator at another index"
+    if any(ld.source.same_as(store.buffer) for ld in buffer_loads(store.value)):
+        return "the epilogue reads its own output"
+    return None
+
+
+def _finished_before(sch: s_tir.Schedule, block_rv) -> set[str]:
+    """Buffers written only by top-level stages before the anchor: to the epilogue they are
+    inputs (an earlier GEMM's result that SwiGLU's product reads, a mask). Hiding these reads
+    is safe here: the write-back becomes plain loops whose loads every later pass sees."""
+    before, after, seen = set(), set(), False
+    anchor = sch.get(block_rv)
+    for child in sch.get_child_blocks(root_block(sch)):
+        block = sch.get(child)
+        if block.same_as(anchor):
+            seen = True
+            continue
+        (after if seen else before).update(w.source.name for w in block.writes)
+    return before - after
+
+
+# ------------------------------------------------------------ step 2: on the scheduled TIR
+
+def emit_packed_gemms(func: tirx.PrimFunc, sites: list[GemmSite], params: CpuParams
+                      ) -> tuple[tirx.PrimFunc, list[str]]:
+    """``func`` with each site's anchor nest replaced by the template nest and its write-back
+    nest removed. Returns the function and one note per site."""
+    if not sites:
+        return func, []
+    blocks = {b.name_hint: b for b in iter_sblocks(func)}
+    replace, drop, notes = {}, set(), []
+    for site in sites:
+        gemm, wb = blocks[site.gemm], blocks[site.writeback]
+        nest, note = _nest(gemm, wb, params)
+        replace[site.gemm] = nest
+        drop.add(site.writeback)
+        epilogue = ("; epilogue " + "+".join(site.epilogue) + " at the last K block"
+                    if site.epilogue else "")
+        notes.append(f"{site.gemm}: packed GEMM {note}{epilogue}")
+    root = func.body.block
+    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    out = []
+    for stmt in stmts:
+        names = {b.name_hint for b in find_all(stmt, SBlock)}
+        hit = [n for n in names if n in replace]
+        if hit:
+            out.append(replace[hit[0]])
+        elif not names & drop:
+            out.append(stmt)
+    body = out[0] if len(out) == 1 else tirx.SeqStmt(out)
+    used = {ld.source.__chandle__() for ld in buffer_loads(body)}
+    used |= {st.buffer.__chandle__() for st in buffer_stores(body)}
+    allocs = [b for b in root.alloc_buffers if b.__chandle__() in used]
+    new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
+                      allocs, root.match_buffers, root.annotations, root.span)
+    realize = s_tir.SBlockRealize(func.body.iter_values, func.body.predicate, new_root)
+    return tirx.PrimFunc(func.params, realize, func.ret_type, func.attrs), notes
+
+
+def _nest(gemm: SBlock, wb: SBlock, params: CpuParams) -> tuple[tirx.Stmt, str]:
+    match = match_packed_gemm(gemm)
+    if match is None:
+        raise ValueError(f"{gemm.name_hint}: no longer a packed GEMM after scheduling")
+    n = const_int(match.extents[match.j.name])
+    k = const_int(match.extents[match.k.name])
+    row_extents = [match.extents[v.name] for v in match.rows]
+    rows = _product(row_extents)
+
+    def unravel(m) -> list:
+        """Row index ``m`` as the anchor's row iterators (batch dims folded into M)."""
+        out, rest = [], m
+        for pos in reversed(range(len(row_extents))):
+            extent = row_extents[pos]
+            if const_int(extent) == 1:
+                out.insert(0, tirx.const(0, "int64"))
+            elif pos == 0:
+                out.insert(0, rest)
+            else:
+                out.insert(0, tirx.floormod(rest, extent))
+                rest = tirx.floordiv(rest, extent)
+        return out
+
+    def bind(pairs) -> dict:
+        return {var.__chandle__(): value for var, value in pairs}
+
+    def load_x(m, kk):
+        return _substitute(match.x, bind([*zip(match.rows, unravel(m)), (match.k, kk)]))
+
+    load_a, prologue = load_x, []
+    if not _contiguous_in_k(match.x, match.k):
+        # A read through div/mod of k (a transpose or reshape inlined into it) or computed:
+        # copied once, row-major, so the micro-kernel's broadcasts walk along k
+        copy = tirx.decl_buffer((rows, k), "float32", "a_rows")
+        kind = tirx.ForKind.PARALLEL if params.cores > 1 else tirx.ForKind.SERIAL
+        m_var, k_var = tirx.Var("m", "int64"), tirx.Var("kk", "int64")
+        fill = tirx.For(m_var, _I0, rows, kind, tirx.For(
+            k_var, _I0, tirx.const(k, "int64"), tirx.ForKind.SERIAL,
+            tirx.BufferStore(copy, load_x(m_var, k_var), [m_var, k_var])))
+        prologue = [tirx.AllocBuffer(copy), fill]
+
+        def load_a(m, kk):
+            return tirx.BufferLoad(copy, [m, kk])
+
+    store = wb.body
+    wb_rows = [iv.var for iv in wb.iter_vars[:-1]]
+    wb_j = wb.iter_vars[-1].var
+
+    def at(m, jj) -> dict:
+        return bind([*zip(wb_rows, unravel(m)), (wb_j, jj)])
+
+    def final(m, jj, acc):
+        mapping = at(m, jj)
+        value = _replace_loads(store.value, match.acc, acc)
+        return tirx.BufferStore(store.buffer, _substitute(value, mapping),
+                                [_substitute(i, mapping) for i in store.indices])
+
+    def partial_at(m, jj):
+        mapping = at(m, jj)
+        return store.buffer, [_substitute(i, mapping) for i in store.indices]
+
+    mr, _ = params.gemm_tile(match.nr)
+    kc, nc = params.gemm_blocks(mr, match.nr)
+    blocking = Blocking(mr, match.nr, params.lanes, kc, max(nc, match.nr))
+    spec = Gemm(const_int(rows) if const_int(rows) is not None else rows, n, k, load_a,
+                match.bp, partial_at, final)
+    nest = emit_gemm(spec, blocking, params.cores)
+    note = (f"{blocking.describe()}; {parallel_plan(n, blocking, params.cores)[0]}"
+            + ("; A copied row-major first" if prologue else ""))
+    return tirx.SeqStmt([*prologue, nest]) if prologue else nest, note
+
+
+def _contiguous_in_k(x, k) -> bool:
+    """``x`` is one load whose last index is ``k`` plus terms without it and whose other
+    indices do not use ``k``: consecutive k are consecutive floats."""
+    if not isinstance(x, TensorLoad) or not x.indices:
+        return False
+    return stride_in_last_dim(list(x.indices), k) == 1
+
+
+def _product(extents: list):
+    total = tirx.const(1, "int64")
+    for extent in extents:
+        total = total * extent
+    return sym.Analyzer().simplify(total)
+
+
+def _substitute(expr, mapping: dict):
+    def visit(var):
+        return mapping.get(var.__chandle__(), var)
+    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, visit)])
+
+
+def _replace_loads(expr, buffer, value):
+    def visit(load):
+        return value if load.source.same_as(buffer) else load
+    return tvm_ffi.structural_map(expr, [(TensorLoad, visit)])
+
+
+def has_packed_gemm(func: tirx.PrimFunc) -> bool:
+    return any(match_packed_gemm(b) is not None for b in iter_sblocks(func))
+
+
+__all__ = ["GemmSite", "PackedGemm", "emit_packed_gemms", "has_packed_gemm",
+           "match_packed_gemm", "prepare_packed_gemms"]

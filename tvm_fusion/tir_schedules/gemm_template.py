@@ -1,0 +1,272 @@
+"""The CPU GEMM loop nest, emitted as TIR from a template (`shared/specs/cpu-gemm.md`).
+
+``C[m, j] = Σ_k A[m, k] · B[k, j]`` with B packed at compile time into panels
+``Bp[⌈N/NR⌉, K, NR]`` (:mod:`tvm_fusion.layout.gemm_pack`), in MLAS's loop order::
+
+    for jc in N step NC:              # B block KC×NC stays in L2      (parallel: threads)
+      for kc in K step KC:
+        for ir in M step MR:          # A sliver MR×KC stays in L1, A is not packed
+          for jr in NC step NR:       # B micro-panel KC×NR, contiguous
+            micro-kernel: acc[MR, NR] (+)= A[ir:ir+MR, kc] ⊗ Bp[jr, kc, :]
+
+The accumulator is a ``local`` MR×NR buffer whose every index is a constant after the row
+loop is unrolled and the column loop vectorised, so LLVM keeps it in MR·NR/lanes registers.
+On the first K block it starts at zero (MLAS's ZeroMode), on later ones from the partial sums
+stored by the previous block; the last K block stores through the epilogue (bias, activation,
+residual, a permuted index), so a fused epilogue costs one expression per element stored.
+
+Remainders are separate nests, never a predicate inside the micro-kernel: the M tail runs
+row tiles of 2^i rows (one per bit of ``M mod MR``; a runtime test for a symbolic M), the N
+tail computes the zero-padded last panel and stores its ``N mod NR`` columns, and a K tail
+is a shorter trip count of the (not unrolled) k loop.
+
+M = 1 (a GEMV, bandwidth-bound) streams the packed B once, panel after panel, over all of K.
+
+The template is plain TIR (loops, no sblocks): schedule primitives could not keep a register
+accumulator across an outer K-block loop (the note, §4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tvm
+from tvm import sym, tirx
+
+from ..tir_utils import const_int
+
+_F32 = "float32"
+
+# A load of A at (row, k).
+LoadA = Callable[[tvm.ir.Expr, tvm.ir.Expr], tvm.ir.Expr]
+# Where the running sum of C[row, col] is kept between K blocks: (buffer, indices).
+PartialAt = Callable[[tvm.ir.Expr, tvm.ir.Expr], tuple]
+# The final store of C[row, col] = value, with the epilogue applied.
+StoreC = Callable[[tvm.ir.Expr, tvm.ir.Expr, tvm.ir.Expr], tirx.Stmt]
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """Register tile MR×NR (NR a multiple of ``lanes``) and cache blocks KC, NC (NC a multiple
+    of NR) of one GEMM."""
+
+    mr: int
+    nr: int
+    lanes: int
+    kc: int
+    nc: int
+
+    def describe(self) -> str:
+        return f"{self.mr}×{self.nr} tile, KC {self.kc}, NC {self.nc}"
+
+
+@dataclass
+class Gemm:
+    """What the nest computes: ``rows`` (M with any batch dimensions folded in; may be
+    symbolic) × ``n`` × ``k``, A read through ``load_a``, the packed B, and where C goes."""
+
+    rows: tvm.ir.Expr
+    n: int
+    k: int
+    load_a: LoadA
+    bp: tvm.ir.Var  # the packed B buffer, [⌈n/NR⌉, k, NR]
+    partial_at: PartialAt
+    store: StoreC
+
+
+def _i64(value) -> tvm.ir.Expr:
+    return tirx.const(value, "int64") if isinstance(value, int) else value
+
+
+def _loop(name: str, extent, body_of: Callable[[tirx.Var], tirx.Stmt],
+          kind: tirx.ForKind = tirx.ForKind.SERIAL) -> tirx.Stmt:
+    var = tirx.Var(name, "int64")
+    return tirx.For(var, _i64(0), _i64(extent), kind, body_of(var))
+
+
+def _seq(stmts: list) -> tirx.Stmt:
+    stmts = [s for s in stmts if s is not None]
+    return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
+
+
+class _Emitter:
+    def __init__(self, gemm: Gemm, blk: Blocking):
+        self.g, self.b = gemm, blk
+        self.vectors = blk.nr // blk.lanes
+        self.k_blocks = max(1, -(-gemm.k // blk.kc))
+        # equal K blocks (the last one shorter by < k_blocks): 768 = 3 × 256, 1000 = 4 × 250
+        self.kc = -(-gemm.k // self.k_blocks)
+
+    # ---------------------------------------------------------------- the micro-kernel
+    def _each(self, rows: int, body_of, cols: int | None = None) -> tirx.Stmt:
+        """for r (unrolled) × columns: vectorised in whole registers, or ``cols`` serial."""
+        lanes = self.b.lanes
+        if cols is None:
+            return _loop("r", rows, lambda r: _loop(
+                "jo", self.vectors, lambda jo: _loop(
+                    "jv", lanes, lambda jv: body_of(r, jo * lanes + jv),
+                    tirx.ForKind.VECTORIZED), tirx.ForKind.UNROLLED), tirx.ForKind.UNROLLED)
+        return _loop("r", rows, lambda r: _loop("c", cols, lambda c: body_of(r, c)),
+                     tirx.ForKind.UNROLLED)
+
+    def tile(self, rows: int, row0, panel, cols: int, k0, klen, first, last) -> tirx.Stmt:
+        """One MR'×NR tile of C: rows ``row0``.., panel ``panel`` (``cols`` of its NR columns
+        are real), over ``klen`` values of k from ``k0``. ``first``/``last``: whether this is
+        the first/last K block (Python bools or runtime conditions)."""
+        g, nr = self.g, self.b.nr
+        acc = tirx.decl_buffer((rows, nr), _F32, "acc", scope="local")
+        col0 = panel * nr
+        full = cols == nr
+
+        def zero(r, c):
+            return tirx.BufferStore(acc, tirx.const(0.0, _F32), [r, c])
+
+        def reload(r, c):
+            buf, idx = g.partial_at(row0 + r, col0 + c)
+            return tirx.BufferStore(acc, tirx.BufferLoad(buf, idx), [r, c])
+
+        def update(kk):
+            k = k0 + kk
+
+            def fma(r, c):
+                cur = tirx.BufferLoad(acc, [r, c])
+                return tirx.BufferStore(
+                    acc, cur + g.load_a(row0 + r, k) * tirx.BufferLoad(g.bp, [panel, k, c]),
+                    [r, c])
+            return self._each(rows, fma)
+
+        def save(r, c):
+            buf, idx = g.partial_at(row0 + r, col0 + c)
+            return tirx.BufferStore(buf, tirx.BufferLoad(acc, [r, c]), idx)
+
+        def finish(r, c):
+            return g.store(row0 + r, col0 + c, tirx.BufferLoad(acc, [r, c]))
+
+        vec_cols = None if full else cols
+        init_zero = self._each(rows, zero)
+        if full:
+            init_load = self._each(rows, reload)
+        else:  # the padded lanes stay zero: they are computed but never stored
+            init_load = _seq([init_zero, self._each(rows, reload, vec_cols)])
+        init = _choose(first, init_zero, init_load)
+        body = _loop("kk", klen, update)
+        out = _choose(last, self._each(rows, finish, vec_cols),
+                      self._each(rows, save, vec_cols))
+        return _seq([tirx.AllocBuffer(acc), init, body, out])
+
+    # ---------------------------------------------------------------- the nests
+    def row_tails(self, kv, panel, cols: int, base, count) -> list:
+        """Tiles for the last ``count mod MR`` rows of ``base``..``base + count``: one tile of
+        2^i rows per bit of that tail (1 + 2 for 3 rows), each under a runtime test when
+        ``count`` is symbolic."""
+        mr = self.b.mr
+        tail = _simplify(tirx.floormod(count, _i64(mr)))
+        known = const_int(tail)
+        start = base + count - tail
+        out = []
+        size = 1 << (mr - 1).bit_length()
+        while size > 1:
+            size //= 2
+            if size >= mr or (known is not None and not (known // size) % 2):
+                continue
+            before = tail - tirx.floormod(tail, _i64(2 * size))  # the rows of larger bits
+            stmt = self.tile(size, _simplify(start + before), panel, cols, *kv)
+            if known is None:
+                has = tirx.floormod(tirx.floordiv(tail, _i64(size)), _i64(2)) == _i64(1)
+                stmt = tirx.IfThenElse(has, stmt, None)
+            out.append(stmt)
+        return out
+
+    def k_block(self, kc) -> tuple:
+        """(k0, klen, first, last) of K block ``kc`` (a loop var; None for one block)."""
+        if self.k_blocks == 1:
+            return (_i64(0), _i64(self.g.k), True, True)
+        k0 = kc * self.kc
+        klen = _i64(self.kc) if self.g.k % self.kc == 0 else \
+            tirx.min(_i64(self.kc), _i64(self.g.k) - k0)
+        return (k0, klen, kc == _i64(0), kc == _i64(self.k_blocks - 1))
+
+    def panel_block(self, panels_from, panels_count, cols: int, base, count) -> tirx.Stmt:
+        """MLAS order over a block of full panels (or the one tail panel, ``cols`` < NR) for
+        rows ``base``..``base + count``: kc → ir → jr, then the M tail's tiles per panel."""
+        mr = self.b.mr
+
+        def over_k(kc):
+            kv = self.k_block(kc)
+            tiles = _simplify(tirx.floordiv(count, _i64(mr)))
+            nests = [_loop("ir", tiles, lambda ir: _loop("jr", panels_count, lambda jr: self.tile(
+                mr, base + ir * mr, panels_from + jr, cols, *kv)))]
+            if self.row_tails(kv, panels_from, cols, base, count):
+                nests.append(_loop("jr", panels_count, lambda jr: _seq(
+                    self.row_tails(kv, panels_from + jr, cols, base, count))))
+            return _seq(nests)
+
+        if self.k_blocks == 1:
+            return over_k(None)
+        return _loop("kc", self.k_blocks, over_k)
+
+    def columns(self, base, count, per_block: int, parallel: bool) -> list:
+        """Every panel of C for rows ``base``..``base + count``: blocks of ``per_block`` full
+        panels (NC), in parallel when asked, then the zero-padded tail panel."""
+        full_panels, tail_cols = divmod(self.g.n, self.b.nr)
+        nests = []
+        if full_panels:
+            blocks = -(-full_panels // per_block)
+            kind = tirx.ForKind.PARALLEL if parallel and blocks > 1 else tirx.ForKind.SERIAL
+
+            def jc_block(jc):
+                size = _i64(per_block) if full_panels % per_block == 0 else \
+                    tirx.min(_i64(per_block), _i64(full_panels) - jc * per_block)
+                return self.panel_block(jc * per_block, size, self.b.nr, base, count)
+            nests.append(_loop("jc", blocks, jc_block, kind))
+        if tail_cols:
+            nests.append(self.panel_block(_i64(full_panels), _i64(1), tail_cols, base, count))
+        return nests
+
+
+def _choose(cond, then_stmt, else_stmt):
+    if cond is True:
+        return then_stmt
+    if cond is False:
+        return else_stmt
+    return tirx.IfThenElse(cond, then_stmt, else_stmt)
+
+
+def _simplify(expr):
+    return sym.Analyzer().simplify(expr)
+
+
+def parallel_plan(n: int, blk: Blocking, cores: int) -> tuple[str, int]:
+    """How the nest uses ``cores`` threads, and the full panels per N block: N blocks in
+    parallel when there are at least as many as cores (each block then at most 1/cores of N),
+    else row ranges in parallel (N of one or two panels), else one thread."""
+    full_panels = n // blk.nr
+    per_block = max(1, blk.nc // blk.nr)
+    if cores <= 1:
+        return "one thread", per_block
+    per_block = max(1, min(per_block, -(-full_panels // cores)))
+    if -(-full_panels // per_block) >= cores:
+        return "parallel N blocks", per_block
+    return "parallel row ranges", per_block
+
+
+def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
+    """The whole loop nest computing ``gemm`` (see the module docstring), threads as
+    :func:`parallel_plan` says."""
+    em = _Emitter(gemm, blk)
+    rows = _simplify(_i64(gemm.rows))
+    mode, per_block = parallel_plan(gemm.n, blk, cores)
+    if mode != "parallel row ranges":
+        return _seq(em.columns(_i64(0), rows, per_block, mode == "parallel N blocks"))
+    chunk = _simplify(tirx.floordiv(rows + _i64(cores * blk.mr - 1), _i64(cores * blk.mr))
+                      * _i64(blk.mr))
+
+    def rows_of(t):
+        base = t * chunk
+        count = tirx.max(_i64(0), tirx.min(chunk, rows - base))
+        return _seq(em.columns(base, count, per_block, False))
+    return _loop("rows", cores, rows_of, tirx.ForKind.PARALLEL)
+
+
+__all__ = ["Blocking", "Gemm", "emit_gemm", "parallel_plan"]

@@ -100,7 +100,7 @@ def test_avx2_tile_on_this_target():
     assert "packed GEMM 4×24 tile, KC 256" in _notes(mod)
 
 
-@pytest.mark.parametrize("strategy", ["dnnfusion", "tvm"])
+@pytest.mark.parametrize("strategy", ["dnnfusion", "tvm", "apollo"])
 def test_gemm_transb_bias_gelu_residual_epilogue(strategy):
     """ONNX Gemm (transB=1) + GELU + residual: one nest; the epilogue at the final store."""
     m, k, n = 19, 300, 70
@@ -142,16 +142,17 @@ def test_swiglu(strategy):
     assert "packed GEMM" in _notes(mod)
 
 
-def test_symbolic_rows_one_build_two_sizes():
-    """A symbolic sequence length and a batch dimension folded into M: one build, run at a
-    length that fills whole row tiles and at one that leaves a 3-row tail."""
+def test_symbolic_rows_one_build_several_sizes():
+    """A symbolic sequence length and a batch dimension folded into M: one build, run at
+    lengths that take each runtime path: one row tile (all of K in one pass), a few (B
+    streamed panel by panel), many (K and N blocks), with and without an M tail."""
     model = _model([helper.make_node("MatMul", ["x", "W"], ["y"]),
                     helper.make_node("Add", ["y", "b"], ["z"])],
-                   [_vi("x", [2, "seq", 50])], [_vi("z", [2, "seq", 33])],
-                   [_w("W", [50, 33]), _w("b", [33], 2)])
+                   [_vi("x", [2, "seq", 600])], [_vi("z", [2, "seq", 33])],
+                   [_w("W", [600, 33]), _w("b", [33], 2)])
     mod = import_onnx(model)
     executable = compile_model(mod, TARGET)
-    for seq in (8, 23):
+    for seq in (1, 2, 7, 8, 23):
         feeds = _feeds(model, seq=seq)
         got = run(executable, list(feeds.values()))
         compare(got, onnx_reference(model, feeds), rtol=1e-4, atol=2e-4)

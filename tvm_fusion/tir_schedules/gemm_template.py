@@ -37,6 +37,9 @@ from tvm import sym, tirx
 from ..tir_utils import const_int
 
 _F32 = "float32"
+# Up to this many row tiles a GEMM is bound by streaming B from memory (2·M FLOP per 4 bytes
+# of B: below ~16 rows a 100 GFLOP/s core waits on a 20 GB/s stream).
+STREAM_ROW_TILES = 4
 
 # A load of A at (row, k).
 LoadA = Callable[[tvm.ir.Expr, tvm.ir.Expr], tvm.ir.Expr]
@@ -91,12 +94,23 @@ def _seq(stmts: list) -> tirx.Stmt:
 
 
 class _Emitter:
-    def __init__(self, gemm: Gemm, blk: Blocking):
+    """Builds the nest; the blocking may depend on the number of rows at run time (a
+    symbolic M), as selects that fold away when M is known."""
+
+    def __init__(self, gemm: Gemm, blk: Blocking, rows):
         self.g, self.b = gemm, blk
         self.vectors = blk.nr // blk.lanes
-        self.k_blocks = max(1, -(-gemm.k // blk.kc))
         # equal K blocks (the last one shorter by < k_blocks): 768 = 3 × 256, 1000 = 4 × 250
-        self.kc = -(-gemm.k // self.k_blocks)
+        blocks = max(1, -(-gemm.k // blk.kc))
+        size = -(-gemm.k // blocks)
+        # K blocks keep a B block in L2 for the next row tile; with one row tile there is no
+        # next one: all of K in one pass (a GEMV, a decode step) saves reloading C
+        one_tile = _le(rows, blk.mr)
+        self.k_blocks = 1 if blocks == 1 else _pick(one_tile, 1, blocks)
+        self.kc = gemm.k if blocks == 1 else _pick(one_tile, gemm.k, size)
+        # a few row tiles are bound by streaming B from memory: one panel per N block reads
+        # it front to back; more rows reuse an NC-wide B block from L2 for the whole of M
+        self.streaming = _le(rows, STREAM_ROW_TILES * blk.mr)
 
     # ---------------------------------------------------------------- the micro-kernel
     def _each(self, rows: int, body_of, cols: int | None = None) -> tirx.Stmt:
@@ -180,12 +194,12 @@ class _Emitter:
 
     def k_block(self, kc) -> tuple:
         """(k0, klen, first, last) of K block ``kc`` (a loop var; None for one block)."""
-        if self.k_blocks == 1:
+        if isinstance(self.k_blocks, int) and self.k_blocks == 1:
             return (_i64(0), _i64(self.g.k), True, True)
         k0 = kc * self.kc
-        klen = _i64(self.kc) if self.g.k % self.kc == 0 else \
-            tirx.min(_i64(self.kc), _i64(self.g.k) - k0)
-        return (k0, klen, kc == _i64(0), kc == _i64(self.k_blocks - 1))
+        whole = isinstance(self.kc, int) and self.g.k % self.kc == 0
+        klen = _i64(self.kc) if whole else tirx.min(_i64(self.kc), _i64(self.g.k) - k0)
+        return (k0, klen, kc == _i64(0), kc == _i64(self.k_blocks) - _i64(1))
 
     def panel_block(self, panels_from, panels_count, cols: int, base, count) -> tirx.Stmt:
         """MLAS order over a block of full panels (or the one tail panel, ``cols`` < NR) for
@@ -202,23 +216,27 @@ class _Emitter:
                     self.row_tails(kv, panels_from + jr, cols, base, count))))
             return _seq(nests)
 
-        if self.k_blocks == 1:
+        if isinstance(self.k_blocks, int) and self.k_blocks == 1:
             return over_k(None)
         return _loop("kc", self.k_blocks, over_k)
 
     def columns(self, base, count, per_block: int, parallel: bool) -> list:
         """Every panel of C for rows ``base``..``base + count``: blocks of ``per_block`` full
-        panels (NC), in parallel when asked, then the zero-padded tail panel."""
+        panels (NC; one while streaming), in parallel when asked, then the zero-padded tail
+        panel."""
         full_panels, tail_cols = divmod(self.g.n, self.b.nr)
         nests = []
         if full_panels:
-            blocks = -(-full_panels // per_block)
-            kind = tirx.ForKind.PARALLEL if parallel and blocks > 1 else tirx.ForKind.SERIAL
+            per = _pick(self.streaming, 1, per_block)
+            blocks = _ceildiv(full_panels, per)
+            serial = parallel is False or (isinstance(blocks, int) and blocks == 1)
+            kind = tirx.ForKind.SERIAL if serial else tirx.ForKind.PARALLEL
 
             def jc_block(jc):
-                size = _i64(per_block) if full_panels % per_block == 0 else \
-                    tirx.min(_i64(per_block), _i64(full_panels) - jc * per_block)
-                return self.panel_block(jc * per_block, size, self.b.nr, base, count)
+                even = isinstance(per, int) and full_panels % per == 0
+                size = _i64(per) if even else \
+                    tirx.min(_i64(per), _i64(full_panels) - jc * _i64(per))
+                return self.panel_block(jc * _i64(per), size, self.b.nr, base, count)
             nests.append(_loop("jc", blocks, jc_block, kind))
         if tail_cols:
             nests.append(self.panel_block(_i64(full_panels), _i64(1), tail_cols, base, count))
@@ -254,8 +272,8 @@ def parallel_plan(n: int, blk: Blocking, cores: int) -> tuple[str, int]:
 def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
     """The whole loop nest computing ``gemm`` (see the module docstring), threads as
     :func:`parallel_plan` says."""
-    em = _Emitter(gemm, blk)
     rows = _simplify(_i64(gemm.rows))
+    em = _Emitter(gemm, blk, rows)
     mode, per_block = parallel_plan(gemm.n, blk, cores)
     if mode != "parallel row ranges":
         return _seq(em.columns(_i64(0), rows, per_block, mode == "parallel N blocks"))
@@ -267,6 +285,27 @@ def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
         count = tirx.max(_i64(0), tirx.min(chunk, rows - base))
         return _seq(em.columns(base, count, per_block, False))
     return _loop("rows", cores, rows_of, tirx.ForKind.PARALLEL)
+
+
+def _le(rows, limit: int):
+    """``rows <= limit``: a Python bool when ``rows`` is known, else a runtime condition."""
+    known = const_int(rows)
+    return known <= limit if known is not None else rows <= _i64(limit)
+
+
+def _pick(cond, then_value: int, else_value: int):
+    """``then_value if cond else else_value``, folded when ``cond`` is a Python bool."""
+    if isinstance(cond, bool):
+        return then_value if cond else else_value
+    if then_value == else_value:
+        return then_value
+    return tirx.Select(cond, _i64(then_value), _i64(else_value))
+
+
+def _ceildiv(n: int, d):
+    if isinstance(d, int):
+        return -(-n // d)
+    return tirx.floordiv(_i64(n) + d - _i64(1), d)
 
 
 __all__ = ["Blocking", "Gemm", "emit_gemm", "parallel_plan"]

@@ -1,0 +1,360 @@
+"""Kernel shape sweep (issue 20, item 4): every shape built through tvm_fusion and timed against
+ONNX Runtime's single-operator model, in one process, calls alternating, one thread each.
+
+    taskset -c 1 python scripts/bench_kernels.py [--quick] [--out out/kernels]
+        [--peak-gflops 99.3] [--bandwidth 19.7] [--target '{"kind":"llvm","mcpu":"znver3"}']
+        [--seconds 2] [--only 197x768x3072,1x768x50257]
+
+MatMul ``[M, K] × W[K, N]`` (W an initializer: packed at compile time by both runtimes) over
+M ∈ {1, 8, 32, 128, 197, 512, 2048} × (K, N) ∈ square, tall, wide, vocabulary-sized and odd
+sizes. ``--quick`` leaves out the shapes above 20 GFLOP (the largest M of the biggest N·K), so
+the sweep runs in minutes. Prints a Markdown table (ms, GFLOP/s, % of the FMA peak, or % of
+the read bandwidth for M = 1, which streams the weight once, and the speed relative to ONNX
+Runtime: its time over ours, > 1 is faster) and the geometric mean of those ratios; writes
+``kernels.json`` and ``kernels.png`` to ``--out``.
+
+The peak and the bandwidth are measured here when not given: a TIR loop of 12 independent
+vector FMA chains, and a vector sum over 256 MiB (the method of shared/tools/cpu-peak).
+
+Conv shapes: :data:`FAMILIES` maps a family name to a function returning its :class:`Case`
+list; a conv family is added there (``--families matmul,conv``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("TVM_NUM_THREADS", "1")  # before TVM's runtime starts its pool
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import tvm  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+from tvm import relax  # noqa: E402
+from tvm.script import tirx as T  # noqa: E402
+
+from tvm_fusion.compile import compile_model, import_onnx  # noqa: E402
+from tvm_fusion.target import host_cpu  # noqa: E402
+from tvm_fusion.tir_schedules.cpu_target import cpu_params  # noqa: E402
+
+M_VALUES = (1, 8, 32, 128, 197, 512, 2048)
+KN_VALUES = ((768, 768), (768, 3072), (3072, 768), (2048, 256), (2048, 5632), (5632, 2048),
+             (768, 50257), (4096, 32000), (1000, 1), (17, 33))
+QUICK_MAX_FLOP = 2e10
+
+
+@dataclass
+class Case:
+    """One kernel to time: its ONNX model (one operator), inputs, and what bounds it."""
+
+    name: str
+    family: str
+    model: onnx.ModelProto
+    feeds: dict
+    flop: float
+    bytes_read: float  # of the operand that bounds a bandwidth-bound case
+    bandwidth_bound: bool
+    shape: dict = field(default_factory=dict)
+
+
+def matmul_case(m: int, k: int, n: int) -> Case:
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((k, n)).astype("float32")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"])], "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+        [numpy_helper.from_array(weight, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds = {"x": rng.standard_normal((m, k)).astype("float32")}
+    return Case(f"{m}x{k}x{n}", "matmul", model, feeds, 2.0 * m * k * n, 4.0 * k * n, m == 1,
+                {"M": m, "K": k, "N": n})
+
+
+def matmul_cases(quick: bool) -> list[Case]:
+    shapes = [(m, k, n) for k, n in KN_VALUES for m in M_VALUES
+              if not (quick and 2.0 * m * k * n > QUICK_MAX_FLOP)]
+    return [_Lazy(matmul_case, shape) for shape in shapes]
+
+
+def conv_cases(quick: bool) -> list[Case]:
+    """Hook for the conv shapes of issue 20, item 4 (1×1, 3×3, 7×7 depthwise, strided,
+    grouped, odd channels): return :class:`Case` objects built like :func:`matmul_case`."""
+    del quick
+    return []
+
+
+FAMILIES = {"matmul": matmul_cases, "conv": conv_cases}
+
+
+class _Lazy:
+    """A case built when measured (the vocabulary-sized weights are 0.5 GB each)."""
+
+    def __init__(self, make, args):
+        self.make, self.args = make, args
+        self.name = "x".join(map(str, args))
+
+    def build(self) -> Case:
+        return self.make(*self.args)
+
+
+# --------------------------------------------------------------------------- the machine
+
+def measure_peak(target: tvm.target.Target, lanes: int) -> float:
+    """GFLOP/s of one thread doing 12 independent vector FMA chains (the cpu-peak method)."""
+    chains = 12
+
+    @T.prim_func
+    def peak(coef: T.Buffer((2,), "float32"), out: T.Buffer((chains * lanes,), "float32"),
+             n: T.int64):
+        T.func_attr({"tirx.noalias": True})
+        acc = T.alloc_buffer((chains, lanes), "float32", scope="local")
+        for i in T.unroll(chains):
+            for v in T.vectorized(lanes):
+                acc[i, v] = T.float32(1.0) + T.Cast("float32", i)
+        for _ in range(n):
+            for i in T.unroll(chains):
+                for v in T.vectorized(lanes):
+                    acc[i, v] = acc[i, v] * coef[0] + coef[1]
+        for i in T.unroll(chains):
+            for v in T.vectorized(lanes):
+                out[i * lanes + v] = acc[i, v]
+
+    lib = tvm.tirx.build(tvm.IRModule({"main": peak}), target)
+    coef = tvm.runtime.tensor(np.array([1.0000001, 1e-7], "float32"))
+    out = tvm.runtime.empty((chains * lanes,), "float32")
+    n = 20_000_000
+    best = min(_time(lambda: lib["main"](coef, out, n)) for _ in range(5))
+    return n * chains * lanes * 2 / best / 1e9
+
+
+def measure_bandwidth(target: tvm.target.Target, lanes: int) -> float:
+    """GB/s of one thread summing 256 MiB with 8 vector accumulators."""
+    size, step = 64 << 20, 8 * lanes
+
+    @T.prim_func
+    def stream(x: T.Buffer((size,), "float32"), out: T.Buffer((step,), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        acc = T.alloc_buffer((8, lanes), "float32", scope="local")
+        for j in T.unroll(8):
+            for v in T.vectorized(lanes):
+                acc[j, v] = T.float32(0)
+        for i in range(size // step):
+            for j in T.unroll(8):
+                for v in T.vectorized(lanes):
+                    acc[j, v] = acc[j, v] + x[i * step + j * lanes + v]
+        for j in T.unroll(8):
+            for v in T.vectorized(lanes):
+                out[j * lanes + v] = acc[j, v]
+
+    lib = tvm.tirx.build(tvm.IRModule({"main": stream}), target)
+    x = tvm.runtime.tensor(np.ones(size, "float32"))
+    out = tvm.runtime.empty((step,), "float32")
+    best = min(_time(lambda: lib["main"](x, out)) for _ in range(5))
+    return size * 4 / best / 1e9
+
+
+def _time(call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+def alternate(ours, theirs, seconds: float, min_calls: int = 5) -> tuple[float, float]:
+    """Median seconds per call of each, calls alternating one by one until both have run at
+    least ``min_calls`` times and ``seconds`` have passed."""
+    ours(), theirs()  # warm-up
+    a, b = [], []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(a) < min_calls:
+        a.append(_time(ours))
+        b.append(_time(theirs))
+    return statistics.median(a), statistics.median(b)
+
+
+def run_case(case: Case, target: tvm.target.Target, seconds: float, options: dict) -> dict:
+    options_ = ort.SessionOptions()
+    options_.intra_op_num_threads = 1
+    options_.inter_op_num_threads = 1
+    session = ort.InferenceSession(case.model.SerializeToString(), options_,
+                                   providers=["CPUExecutionProvider"])
+    start = time.perf_counter()
+    executable = compile_model(import_onnx(case.model), target, **options)
+    build_s = time.perf_counter() - start
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    args = [tvm.runtime.tensor(v) for v in case.feeds.values()]
+    got = vm["main"](*args).numpy()
+    expected = session.run(None, case.feeds)[0]
+    err = float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-30))
+    ours_s, ort_s = alternate(lambda: vm["main"](*args), lambda: session.run(None, case.feeds),
+                              seconds)
+    return {"name": case.name, "family": case.family, **case.shape, "ours_ms": ours_s * 1e3,
+            "ort_ms": ort_s * 1e3, "flop": case.flop, "bytes": case.bytes_read,
+            "bandwidth_bound": case.bandwidth_bound, "speed_vs_ort": ort_s / ours_s,
+            "rel_err": err, "build_s": build_s}
+
+
+def describe(row: dict, peak: float, bandwidth: float) -> dict:
+    ours, theirs = row["ours_ms"] / 1e3, row["ort_ms"] / 1e3
+    row["ours_gflops"] = row["flop"] / ours / 1e9
+    row["ort_gflops"] = row["flop"] / theirs / 1e9
+    if row["bandwidth_bound"]:
+        row["ours_pct"] = 100 * row["bytes"] / ours / 1e9 / bandwidth
+        row["ort_pct"] = 100 * row["bytes"] / theirs / 1e9 / bandwidth
+        row["pct_of"] = "bandwidth"
+    else:
+        row["ours_pct"] = 100 * row["ours_gflops"] / peak
+        row["ort_pct"] = 100 * row["ort_gflops"] / peak
+        row["pct_of"] = "peak"
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| shape (M×K×N) | tvm_fusion ms | ORT ms | tvm_fusion GFLOP/s | % of peak (bw) | "
+             "ORT % | speed vs ORT |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        unit = " bw" if r["pct_of"] == "bandwidth" else ""
+        lines.append(f"| {r['name']} | {r['ours_ms']:.3f} | {r['ort_ms']:.3f} | "
+                     f"{r['ours_gflops']:.1f} | {r['ours_pct']:.0f}{unit} | "
+                     f"{r['ort_pct']:.0f}{unit} | {r['speed_vs_ort']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["name"] for r in rows]
+    x = np.arange(len(rows))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(10, 0.28 * len(rows)), 8), sharex=True)
+    top.bar(x, [r["speed_vs_ort"] for r in rows],
+            color=["tab:green" if r["speed_vs_ort"] >= 1 else "tab:orange"
+                   if r["speed_vs_ort"] >= 0.8 else "tab:red" for r in rows])
+    for level in (0.8, 1.0):
+        top.axhline(level, color="grey", linestyle="--", linewidth=0.8)
+    top.set_ylabel("speed vs ONNX Runtime (×)")
+    top.set_title(title, fontsize=9)
+    bottom.plot(x, [r["ours_pct"] for r in rows], "o", label="tvm_fusion")
+    bottom.plot(x, [r["ort_pct"] for r in rows], "x", label="ONNX Runtime")
+    bottom.set_ylabel("% of FMA peak (M=1: % of read bandwidth)")
+    bottom.set_ylim(0, max([110] + [r["ours_pct"] + 10 for r in rows]))
+    bottom.legend()
+    bottom.set_xticks(x, names, rotation=90, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="leave out shapes over 20 GFLOP")
+    parser.add_argument("--families", default="matmul", help="comma list of " + ",".join(FAMILIES))
+    parser.add_argument("--only", default="", help="comma list of case names (M x K x N)")
+    parser.add_argument("--target", default="", help="LLVM target as JSON (default: this CPU, "
+                        "one core)")
+    parser.add_argument("--peak-gflops", type=float, default=None)
+    parser.add_argument("--bandwidth", type=float, default=None, help="read bandwidth, GB/s")
+    parser.add_argument("--seconds", type=float, default=2.0, help="timing per shape")
+    parser.add_argument("--option", action="append", default=[],
+                        help="tvm_fusion option name=value (e.g. pack_weights=false)")
+    parser.add_argument("--out", default="out/kernels")
+    args = parser.parse_args(argv)
+    unknown = [f for f in args.families.split(",") if f not in FAMILIES]
+    if unknown:
+        print(f"bench_kernels: unknown family {unknown[0]!r} (known: {', '.join(FAMILIES)})",
+              file=sys.stderr)
+        return 2
+    try:
+        target = tvm.target.Target(json.loads(args.target) if args.target else
+                                   {"kind": "llvm", "mcpu": host_cpu(), "num-cores": 1})
+    except (ValueError, json.JSONDecodeError) as err:
+        print(f"bench_kernels: --target: {err}", file=sys.stderr)
+        return 2
+    options = {}
+    for item in args.option:
+        name, _, value = item.partition("=")
+        options[name] = {"true": True, "false": False}.get(value.lower(), value)
+    lanes = cpu_params(target).lanes
+    peak = args.peak_gflops or measure_peak(target, lanes)
+    bandwidth = args.bandwidth or measure_bandwidth(target, lanes)
+    mcpu = str(target.attrs.get("mcpu", "")) if "mcpu" in target.attrs else ""
+    header = (f"{cpu_name()} (LLVM mcpu {mcpu or 'generic'}), one thread; FMA peak "
+              f"{peak:.1f} GFLOP/s, read bandwidth {bandwidth:.1f} GB/s"
+              f"{' (given)' if args.peak_gflops or args.bandwidth else ' (measured)'}")
+    print(header, flush=True)
+    only = set(filter(None, args.only.split(",")))
+    cases = [c for f in args.families.split(",") for c in FAMILIES[f](args.quick)
+             if not only or c.name in only]
+    rows = []
+    for lazy in cases:
+        case = lazy.build() if isinstance(lazy, _Lazy) else lazy
+        row = describe(run_case(case, target, args.seconds, options), peak, bandwidth)
+        rows.append(row)
+        print(f"{row['name']:>16}: ours {row['ours_ms']:9.3f} ms ({row['ours_pct']:3.0f} % "
+              f"{row['pct_of']})  ORT {row['ort_ms']:9.3f} ms ({row['ort_pct']:3.0f} %)  "
+              f"speed vs ORT {row['speed_vs_ort']:.2f}  err {row['rel_err']:.0e}", flush=True)
+        del case
+        gc.collect()
+    mean = geomean(r["speed_vs_ort"] for r in rows)
+    worst = min(rows, key=lambda r: r["speed_vs_ort"]) if rows else None
+    print()
+    print(table(rows))
+    print(f"\ngeomean speed vs ONNX Runtime: {mean:.2f}×" + (
+        f"; lowest {worst['speed_vs_ort']:.2f}× ({worst['name']})" if worst else ""))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "commit": _commit(), "cpu": cpu_name(), "mcpu": mcpu, "target": str(target),
+            "peak_gflops": peak, "bandwidth_gbs": bandwidth, "load_average": os.getloadavg(),
+            "onnxruntime": ort.__version__, "tvm": tvm.__version__,
+            "geomean_speed_vs_ort": mean}
+    (out / "kernels.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    plot(rows, out / "kernels.png", header)
+    print(f"wrote {out / 'kernels.json'} and {out / 'kernels.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -56,14 +56,18 @@ def _prim_funcs(mod: tvm.IRModule) -> dict:
 # ---------------------------------------------------------------------------------- models
 
 
-def test_matmul_add_relu_batch_and_sequence():
-    fused = check_symbolic(mlp(), [{"batch": 1, "seq": 7}, {"batch": 3, "seq": 33}])
+@pytest.mark.parametrize("packed", [True, False])
+def test_matmul_add_relu_batch_and_sequence(packed):
+    fused = check_symbolic(mlp(), [{"batch": 1, "seq": 7}, {"batch": 3, "seq": 33}],
+                           pack_weights=packed)
     assert count_kernels(fused) == 1
     (func,) = _prim_funcs(fused).values()
     notes = list(func.attrs[SCHEDULE_ATTR])
-    # the GEMM is register-tiled over the symbolic rows, padded to whole tiles (remainder
-    # guarded only in the write-back), not left as is
-    assert any("tile matmul" in n and "padded to a multiple" in n for n in notes), notes
+    if packed:  # the packed GEMM: one nest for every length, its M tail by runtime bounds
+        assert any("packed GEMM" in n and "epilogue" in n for n in notes), notes
+    else:  # the register tile over the symbolic rows, padded to whole tiles (remainder
+        # guarded only in the write-back), not left as is
+        assert any("tile matmul" in n and "padded to a multiple" in n for n in notes), notes
     assert FALLBACK_ATTR not in func.attrs
 
 

@@ -94,7 +94,8 @@ class _Packer(relax.PyExprMutator):
                 return None, False
             transposed, expr = True, expr.args[0]
             if isinstance(expr, tvm.ir.Var):
-                expr = self.lookup_binding(expr) or expr
+                bound = self.lookup_binding(expr)
+                expr = expr if bound is None else bound
         if not isinstance(expr, GenericConst):
             return None, False
         shape = [int(s) for s in expr.ty.shape]

@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, load_onnx
 from tvm_fusion.feeds import random_inputs
@@ -57,6 +59,24 @@ def test_small_conv_net_with_conv_chains(arm64_device):
                               ("conv", 8, 1, 1, 0, 1, "relu")], seed=1)
     check_on_device(arm64_device, net, "conv-maxpool-conv net (.tar, linked on the device)",
                     suffix=".tar")
+
+
+@pytest.mark.timeout(600)
+def test_packed_gemm_tails_and_epilogue(arm64_device):
+    """Issue 20: the packed-weight GEMM's NEON code (8×12 tile) with an M tail (19 = 2·8 +
+    2 + 1), an N tail panel (37 = 3·12 + 1), several K blocks (700) and a bias + GELU
+    epilogue at the last one."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"]),
+         helper.make_node("Gelu", ["z"], ["g"])], "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [19, 700])],
+        [helper.make_tensor_value_info("g", TensorProto.FLOAT, [19, 37])],
+        [numpy_helper.from_array(rng.standard_normal((700, 37)).astype("float32"), "W"),
+         numpy_helper.from_array(rng.standard_normal(37).astype("float32"), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    check_on_device(arm64_device, model, "packed GEMM 19x700x37 + bias + GELU", atol=2e-4)
 
 
 @pytest.mark.timeout(600)

@@ -201,6 +201,21 @@ def test_packed_weight_is_the_only_constant():
     np.testing.assert_array_equal(packed, expected.reshape(k, 3, 24).transpose(1, 0, 2))
 
 
+def test_gemm_after_packed_convs_is_packed_too():
+    """A CNN's classifier: the conv packing legalises every op of the module, so the GEMM
+    weights are packed before it (found on ViT: its patch-embedding conv left every GEMM of
+    the encoder unpacked)."""
+    model = _model([helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3],
+                                     pads=[1, 1, 1, 1]),
+                    helper.make_node("Flatten", ["c"], ["f"]),
+                    helper.make_node("Gemm", ["f", "W", "b"], ["y"], transB=1)],
+                   [_vi("x", [1, 8, 6, 6])], [_vi("y", [1, 10])],
+                   [_w("w", [16, 8, 3, 3]), _w("W", [10, 576], 1), _w("b", [10], 2)])
+    mod = _check(model, conv_layout="NCHWc")
+    notes = _notes(mod)
+    assert "conv2d_NCHWc" in notes and "packed GEMM" in notes, notes
+
+
 def test_weights_stay_unpacked_when_asked_or_not_constant():
     model = _matmul(8, 16, 24)
     assert "packed GEMM" not in _notes(fuse(import_onnx(model), TARGET, pack_weights=False))

@@ -2,7 +2,7 @@
 
 A build runs four phases; each function below returns one of them for a target::
 
-    graph      graph_phase      rewriting → conv packing → [CPU: GEMM weight packing] → TVM's
+    graph      graph_phase      rewriting → [CPU: GEMM weight packing] → conv packing → TVM's
                                 legalisation → SmartMem's elimination → mapping types →
                                 planning (DNNFusion, Apollo or stock FuseOps) → FuseTIR →
                                 [CPU: ScheduleFusedBlocks]
@@ -90,16 +90,17 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
     if ours and rewriting.rewrite:
         passes.append(RewriteByMathProperties(rewriting.rewrite_rules,
                                               rewriting.allow_fp_reassociation))
+    if opts.scheduling.pack_weights and target.kind.name == "llvm":
+        # every strategy our CPU schedules run for ("tvm" included: the baseline of every
+        # benchmark), so that a GEMM is the same kernel whatever the grouping; before the
+        # conv packing, whose legalisation of the packed convs legalises every other op too
+        passes.append(PackMatmulWeights(target))
     if strategy == "dnnfusion":  # §6 inter-block layout: packed convs on CPU
         # OptiFX's templates take NCHW region ops: with conv_chains on, "auto" keeps NCHW
         layout = smartmem.conv_layout
         if layout == "auto" and opts.optifx.conv_chains != "off":
             layout = "NCHW"
         passes.append(PackConvs(target, layout))
-    if opts.scheduling.pack_weights and target.kind.name == "llvm":
-        # every strategy our CPU schedules run for ("tvm" included: the baseline of every
-        # benchmark), so that a GEMM is the same kernel whatever the grouping
-        passes.append(PackMatmulWeights(target))
     passes += legalize_passes(target)
     if ours and smartmem.layout:
         passes.append(EliminateLayoutTransforms(target, smartmem.layout_policy,

@@ -15,11 +15,12 @@ from conftest import TARGET
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 from tvm.ir.expr import GenericConst
+from tvm.script import tirx as T
 
 from tvm_fusion.compile import compile_model, fuse, import_onnx, run
 from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.tir_schedules.cpu_target import Cache, CpuParams, cpu_params
-from tvm_fusion.tir_schedules.fused_block import FALLBACK_ATTR, SCHEDULE_ATTR
+from tvm_fusion.tir_schedules.fused_block import FALLBACK_ATTR, SCHEDULE_ATTR, schedule_primfunc
 
 ZEN3 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 1})
 AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 1})
@@ -140,6 +141,55 @@ def test_swiglu(strategy):
                    [_vi("x", [m, k])], [_vi("z", [m, n])], [_w("Wg", [k, n]), _w("Wu", [k, n], 3)])
     mod = _check(model, strategy=strategy, schedule=True)
     assert "packed GEMM" in _notes(mod)
+
+
+@T.prim_func(s_tir=True)
+def _gate_up(x: T.Buffer((5, 16), "float32"), wg: T.Buffer((3, 16, 8), "float32"),
+             wu: T.Buffer((3, 16, 8), "float32"), out: T.Buffer((5, 20), "float32")):
+    gate = T.sblock_alloc_buffer((5, 20))
+    up = T.sblock_alloc_buffer((5, 20))
+    for i, j, k in T.grid(5, 20, 16):
+        with T.sblock("gate"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                gate[vi, vj] = T.float32(0)
+            gate[vi, vj] = gate[vi, vj] + x[vi, vk] * wg[vj // 8, vk, vj % 8]
+    for i, j, k in T.grid(5, 20, 16):
+        with T.sblock("up"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                up[vi, vj] = T.float32(0)
+            up[vi, vj] = up[vi, vj] + x[vi, vk] * wu[vj // 8, vk, vj % 8]
+    for i, j in T.grid(5, 20):
+        with T.sblock("swiglu"):
+            vi, vj = T.axis.remap("SS", [i, j])
+            out[vi, vj] = gate[vi, vj] * T.sigmoid(gate[vi, vj]) * up[vi, vj]
+
+
+def test_swiglu_of_two_gemms_in_one_function():
+    """Both projections in one fused function (8-column panels: AVX2's vector). The gate
+    GEMM's write-back comes after the up GEMM, so silu(gate)·up is stored from the gate
+    GEMM's accumulator there; the up GEMM's nest must not take the gate's write-back as
+    its epilogue."""
+    params = cpu_params(ZEN3)
+    func = schedule_primfunc(_gate_up, params, fast=False)
+    notes = "\n".join(func.attrs[SCHEDULE_ATTR])
+    assert notes.count("packed GEMM") == 2 and "epilogue swiglu" in notes, notes
+    rng = np.random.default_rng(0)
+    x, wg, wu = (rng.standard_normal(s).astype("float32") for s in ((5, 16), (16, 20), (16, 20)))
+
+    def pack(w):
+        padded = np.zeros((16, 24), "float32")
+        padded[:, :20] = w
+        return np.ascontiguousarray(padded.reshape(16, 3, 8).transpose(1, 0, 2))
+
+    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                         tvm.target.Target("llvm"))
+    out = tvm.runtime.empty((5, 20), "float32")
+    lib["main"](*(tvm.runtime.tensor(a) for a in (x, pack(wg), pack(wu))), out)
+    gate, up = x @ wg, x @ wu
+    np.testing.assert_allclose(out.numpy(), gate / (1 + np.exp(-gate)) * up, rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_symbolic_rows_one_build_several_sizes():

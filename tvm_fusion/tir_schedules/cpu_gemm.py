@@ -12,10 +12,11 @@ Two steps, around the rules of :mod:`.cpu` that schedule the other stages of the
    SwiGLU's ``silu(gate) · up``, a transpose or reshape) is folded into that write-back
    (:func:`.cpu_tile.fold_epilogue_chain`), exactly as for the register-tile schedule. Both
    blocks are then left alone by the other rules.
-2. :func:`emit_packed_gemms`, on the scheduled function: each anchor's loop nest is replaced by
-   the template nest, whose A load is the anchor's (with its batch dimensions folded into the
-   rows) and whose final store is the write-back's (the epilogue, at its index); the
-   write-back's nest goes.
+2. :func:`emit_packed_gemms`, on the scheduled function: each write-back's loop nest is
+   replaced by the template nest, whose A load is the anchor's (with its batch dimensions
+   folded into the rows) and whose final store is the write-back's (the epilogue, at its
+   index); the anchor's nest goes. The write-back's place is the later one: everything the
+   GEMM and its epilogue read is ready there.
 
 A packed GEMM the template cannot take (an output that is not float32, a write-back whose
 shape is not the anchor's) stays a block of the function for the other rules, and the reason
@@ -33,7 +34,7 @@ from tvm.ir.expr import TensorLoad
 from tvm.s_tir import SBlock
 
 from ..tir_utils import buffer_loads, buffer_stores, const_int, find_all, iter_sblocks
-from .analysis import root_block, stride_in_last_dim
+from .analysis import main_func, root_block, stride_in_last_dim
 from .cpu_target import CpuParams
 from .cpu_tile import fold_epilogue_chain
 from .gemm_template import Blocking, Gemm, emit_gemm, parallel_plan
@@ -64,6 +65,7 @@ class GemmSite:
     gemm: str
     writeback: str
     epilogue: list[str]
+    output: str  # the buffer the write-back stores (the epilogue's output)
 
 
 def match_packed_gemm(block: SBlock) -> PackedGemm | None:
@@ -129,7 +131,8 @@ def _reads(expr, buffer) -> bool:
 
 # ------------------------------------------------------------------- step 1: on the schedule
 
-def prepare_packed_gemms(sch: s_tir.Schedule) -> tuple[list[GemmSite], list[str]]:
+def prepare_packed_gemms(sch: s_tir.Schedule, params: CpuParams
+                         ) -> tuple[list[GemmSite], list[str]]:
     """Give every packed GEMM of the function its write-back with the epilogue folded in.
     Returns the sites (whose blocks the other rules must skip) and notes."""
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(root_block(sch))
@@ -137,14 +140,19 @@ def prepare_packed_gemms(sch: s_tir.Schedule) -> tuple[list[GemmSite], list[str]
     sites, notes = [], []
     for name in names:
         block_rv = sch.get_sblock(name)
-        problem = _unsupported(sch.get(block_rv))
+        problem = _unsupported(sch.get(block_rv), params)
         if problem:
             notes.append(f"{name}: packed GEMM kernel not used ({problem}); register tiles")
             continue
-        ready = _finished_before(sch, block_rv)
+        # The nest replaces the write-back, where cache_write puts it: before the first
+        # consumer, maybe after other stages (a second GEMM). All the GEMM's inputs are
+        # ready there, and so is everything the folded epilogue reads.
         wb = sch.cache_write(block_rv, 0, "local")
-        fused, _ = fold_epilogue_chain(sch, wb, ready, trial=True)
-        site = GemmSite(name, sch.get(wb).name_hint, fused)
+        ready = _finished_before(sch, wb, {s.output for s in sites})
+        taken = {n for s in sites for n in (s.gemm, s.writeback)} | set(names)
+        fused, _ = fold_epilogue_chain(sch, wb, ready, trial=True, stop=taken)
+        site = GemmSite(name, sch.get(wb).name_hint, fused,
+                        sch.get(wb).writes[0].source.name)
         problem = _unsupported_writeback(sch.get(wb), sch.get(block_rv))
         if problem:  # cache_write stays: the register-tile rule takes an accumulator block
             notes.append(f"{name}: packed GEMM kernel not used ({problem}); register tiles")
@@ -153,9 +161,12 @@ def prepare_packed_gemms(sch: s_tir.Schedule) -> tuple[list[GemmSite], list[str]
     return sites, notes
 
 
-def _unsupported(block: SBlock) -> str | None:
+def _unsupported(block: SBlock, params: CpuParams) -> str | None:
     if str(block.body.buffer.ty.dtype) != "float32":
         return f"accumulates {block.body.buffer.ty.dtype}"
+    nr = match_packed_gemm(block).nr
+    if nr % params.lanes:
+        return f"panels of {nr} columns are not whole {params.lanes}-lane vectors"
     return None
 
 
@@ -177,10 +188,15 @@ def _unsupported_writeback(wb: SBlock, gemm: SBlock) -> str | None:
     return None
 
 
-def _finished_before(sch: s_tir.Schedule, block_rv) -> set[str]:
-    """Buffers written only by top-level stages before the anchor: to the epilogue they are
-    inputs (an earlier GEMM's result that SwiGLU's product reads, a mask). Hiding these reads
-    is safe here: the write-back becomes plain loops whose loads every later pass sees."""
+def _finished_before(sch: s_tir.Schedule, block_rv, earlier_gemms: set[str]) -> set[str]:
+    """Function outputs and earlier packed GEMMs' results written only before ``block_rv``
+    (the write-back): to its epilogue they are inputs (SwiGLU's product reads the gate GEMM's
+    result, an attention mask an output written by an earlier stage). Their reads may be
+    hidden from the dependence checks: both kinds stay where they are (the rules move neither
+    a GEMM nor an output's stage), and the write-back becomes plain loops whose loads every
+    later pass sees. An intermediate a rule may still move (into a later row's stage) is not
+    among them."""
+    params = {p.name for p in main_func(sch).params}
     before, after, seen = set(), set(), False
     anchor = sch.get(block_rv)
     for child in sch.get_child_blocks(root_block(sch)):
@@ -189,14 +205,14 @@ def _finished_before(sch: s_tir.Schedule, block_rv) -> set[str]:
             seen = True
             continue
         (after if seen else before).update(w.source.name for w in block.writes)
-    return before - after
+    return (before - after) & (params | earlier_gemms)
 
 
 # ------------------------------------------------------------ step 2: on the scheduled TIR
 
 def emit_packed_gemms(func: tirx.PrimFunc, sites: list[GemmSite], params: CpuParams
                       ) -> tuple[tirx.PrimFunc, list[str]]:
-    """``func`` with each site's anchor nest replaced by the template nest and its write-back
+    """``func`` with each site's write-back nest replaced by the template nest and its anchor
     nest removed. Returns the function and one note per site."""
     if not sites:
         return func, []
@@ -205,8 +221,8 @@ def emit_packed_gemms(func: tirx.PrimFunc, sites: list[GemmSite], params: CpuPar
     for site in sites:
         gemm, wb = blocks[site.gemm], blocks[site.writeback]
         nest, note = _nest(gemm, wb, params)
-        replace[site.gemm] = nest
-        drop.add(site.writeback)
+        replace[site.writeback] = nest
+        drop.add(site.gemm)
         epilogue = ("; epilogue " + "+".join(site.epilogue) + " at the last K block"
                     if site.epilogue else "")
         notes.append(f"{site.gemm}: packed GEMM {note}{epilogue}")

@@ -315,13 +315,14 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
     return done, notes
 
 
-def fold_epilogue_chain(sch: s_tir.Schedule, wb, ready: set[str],
-                        trial: bool = False) -> tuple[list[str], list]:
+def fold_epilogue_chain(sch: s_tir.Schedule, wb, ready: set[str], trial: bool = False,
+                        stop: set[str] | None = None) -> tuple[list[str], list]:
     """Inline each sole spatial consumer of what the write-back ``wb`` writes into it, while
     it reads each element once and the expression stays within inline.py's budgets. Reads of
     the ``ready`` buffers (finished before the anchor) are hidden from the dependence check.
-    ``trial``: try each step on a copy first, so that a refused step leaves nothing hidden.
-    Returns the names folded and the consumers left over."""
+    ``trial``: try each step on a copy first, so that a refused step leaves nothing hidden;
+    consumers named in ``stop`` are never folded. Returns the names folded and the consumers
+    left over."""
     fused: list[str] = []
     nested = cost = 0  # of the epilogue folded so far (one expression: inline.py's budgets)
     while True:
@@ -330,7 +331,8 @@ def fold_epilogue_chain(sch: s_tir.Schedule, wb, ready: set[str],
             return fused, list(consumers)
         cf = block_facts(sch, consumers[0])
         written = sch.get(wb).writes[0].source.name
-        if (cf is None or cf.is_reduction or _read_under_condition(sch, consumers[0], written)
+        if (cf is None or cf.is_reduction or cf.name in (stop or ())
+                or _read_under_condition(sch, consumers[0], written)
                 or not _reads_each_element_once(cf, written, shapes_of(sch))
                 or not fits_one_expression(nested + cf.nested, cost + cf.cost)):
             return fused, [consumers[0]]

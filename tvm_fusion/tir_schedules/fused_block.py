@@ -60,7 +60,7 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
     base = base.with_attr("global_symbol", "main")
     sch = s_tir.Schedule(base)
     kept, inlined = inline_producers(sch) if inline else ({}, [])
-    sites, gemm_notes = prepare_packed_gemms(sch) if tile and packed_gemm else ([], [])
+    sites, gemm_notes = prepare_packed_gemms(sch, params) if tile and packed_gemm else ([], [])
     skip = {s.gemm for s in sites} | {s.writeback for s in sites}
     notes = schedule_cpu(sch, params, tile=tile, kept=kept, skip=skip)
     result, emitted = sch.mod["main"], []

@@ -273,9 +273,10 @@ class Scheduling(_Group):
             "TVM's exact ones.")
     pack_weights: bool = _opt(
         "bool", True,
-        doc="Ours, CPU targets: a matmul with a constant weight gets it packed at compile time "
-            "into GEMM panels and the packed GEMM kernel (docs/codegen.md); `False`: the "
-            "register-tile schedule reads the weight as it is.")
+        doc="Ours, CPU targets, every strategy (`tvm` included, like the schedules): a matmul "
+            "with a constant weight gets it packed at compile time into GEMM panels and the "
+            "packed GEMM kernel (docs/codegen.md); `False`: the register-tile schedule reads the "
+            "weight as it is.")
 
 
 @dataclass(frozen=True)

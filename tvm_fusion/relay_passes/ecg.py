@@ -52,6 +52,7 @@ class ECGNode:
     preds: list[int] = field(default_factory=list)
     succs: list[int] = field(default_factory=list)
     is_graph_output: bool = False  # its result (or a field of it) leaves the dataflow block
+    widens: bool = False  # same elements as its data input, in a wider type (dequantize)
 
     @property
     def name(self) -> str:
@@ -255,7 +256,27 @@ def _make_node(index, pos, var, call, weight_params, policy, cache) -> ECGNode |
         weight_inputs=tuple(sorted(weights)),
         in_elements=sum(shape_numel(s) or 0 for a in args for s in _result_types(a.ty)[0]
                         if s is not None),
+        widens=_widens(out_shapes, numel_bytes, [a for i, a in enumerate(args)
+                                                 if i not in weights]),
     )
+
+
+def _widens(out_shapes, out_bytes: int, data_args) -> bool:
+    """One result with as many elements as its largest data input, in more bytes: a
+    dequantize (int8 → float32) or a cast up (float16 → float32). Fused, such an operator is
+    best the prologue of its consumer, so the kernels exchange the narrower tensor."""
+    if len(out_shapes) != 1 or out_shapes[0] is None:
+        return False
+    widest = None
+    for arg in data_args:
+        shapes, dtypes = _result_types(arg.ty)
+        if len(shapes) == 1 and shapes[0] is not None:
+            size = (shape_numel(shapes[0]) or 0, _dtype_bytes(dtypes[0]))
+            widest = size if widest is None or size[0] * size[1] > widest[0] * widest[1] else widest
+    if widest is None:
+        return False
+    elements = shape_numel(out_shapes[0]) or 0
+    return elements == widest[0] > 0 and out_bytes > elements * widest[1]
 
 
 def _is_tensor_op(call: relax.Call) -> bool:

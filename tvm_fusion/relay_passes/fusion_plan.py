@@ -230,7 +230,13 @@ class _Planner:
             idx = frontier.popleft()
             node = self.ecg.nodes[idx]
             for succ in node.succs:
-                if (self.opt.prefer_epilogues and node.flops > 0
+                if self._leave_for_consumers(succ):
+                    self.rejections.setdefault((idx, succ), (
+                        RejectReason.PROLOGUE,
+                        f"widens its input ({self.ecg.nodes[succ].out_dtypes[0]}): left to be "
+                        f"the prologue of its consumers, so the kernels exchange the narrower "
+                        f"tensor"))
+                elif (self.opt.prefer_epilogues and node.flops > 0
                         and self.ecg.nodes[succ].mapping_type is MappingType.MANY_TO_MANY
                         and self.current.mapping_type is not MappingType.MANY_TO_MANY):
                     deferred.append((succ, idx))
@@ -245,6 +251,42 @@ class _Planner:
                     frontier.append(pred)
         self._close()
 
+    def _leave_for_consumers(self, idx: int) -> bool:
+        """Would ``idx``, a widening operator (DequantizeLinear, a cast up), join the current
+        block as an epilogue although every consumer could take it as a prologue? Then the
+        kernel would write the wide tensor (float32) where it could write the narrow one
+        (int8): it is left for the consumers, as QDQ kernels read int8 and write int8. Only
+        when the block has (or will take, through free operators upstream) a Many-to-Many
+        anchor: a lone QuantizeLinear of a graph input keeps its DequantizeLinear and goes on
+        into the consumer itself."""
+        nodes = self.ecg.nodes
+        node = nodes[idx]
+        if (not self.opt.prefer_epilogues or not node.widens or node.is_graph_output
+                or idx in self.block_of or not node.succs):
+            return False
+        if not all(nodes[s].fusible and s not in self.block_of for s in node.succs):
+            return False
+        return self._anchor_upstream()
+
+    def _anchor_upstream(self, depth: int = 16) -> bool:
+        """The current block is Many-to-Many, or a free Many-to-Many operator feeds it through
+        free operators (it will be taken as the block's producer)."""
+        if self.current.mapping_type is MappingType.MANY_TO_MANY:
+            return True
+        nodes = self.ecg.nodes
+        todo = [p for m in self.current.members for p in nodes[m].preds]
+        seen: set[int] = set()
+        while todo and len(seen) < depth:
+            cur = todo.pop()
+            if cur in seen or cur in self.members or cur in self.block_of or (
+                    not nodes[cur].fusible):
+                continue
+            seen.add(cur)
+            if nodes[cur].mapping_type is MappingType.MANY_TO_MANY:
+                return True
+            todo.extend(nodes[cur].preds)
+        return False
+
     def _leave_for_producer(self, idx: int, via: int, depth: int = 16) -> bool:
         """Would ``idx`` join the current block as the prologue of a compute-intensive
         operator (which re-reads it per output tile) although a free Many-to-Many operator
@@ -253,7 +295,8 @@ class _Planner:
         layer-norm chain); data movement stays too (it costs nothing as a prologue)."""
         nodes = self.ecg.nodes
         if (not self.opt.prefer_epilogues or not nodes[via].compute_intensive
-                or nodes[idx].flops == 0):  # data movement: an index change in the loads
+                or nodes[idx].flops == 0  # data movement: an index change in the loads
+                or nodes[idx].widens):  # a dequantize: the consumer reads the narrow tensor
             return False
         todo, seen = [idx], set()
         while todo and len(seen) < depth:

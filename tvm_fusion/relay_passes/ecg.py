@@ -249,34 +249,38 @@ def _make_node(index, pos, var, call, weight_params, policy, cache) -> ECGNode |
         # arguments (``call_tir(f, (x, seq))``, a PrimValue): stock FuseOps never fuses one
         fusible = False
         reason = "takes symbolic sizes as arguments (FuseTIR loses the result's shape)"
+    arg_types = [_result_types(a.ty) for a in args]
     return ECGNode(
         index=index, binding_index=pos, var=var, op_name=op_name,
         mapping_type=found.mapping_type, reason=reason, fusible=fusible,
         out_shapes=out_shapes, out_dtypes=out_dtypes, irs_bytes=numel_bytes, flops=flops,
         weight_inputs=tuple(sorted(weights)),
-        in_elements=sum(shape_numel(s) or 0 for a in args for s in _result_types(a.ty)[0]
+        in_elements=sum(shape_numel(s) or 0 for shapes, _ in arg_types for s in shapes
                         if s is not None),
-        widens=_widens(out_shapes, numel_bytes, [a for i, a in enumerate(args)
-                                                 if i not in weights]),
+        widens=_widens(out_shapes, out_dtypes,
+                       [t for i, t in enumerate(arg_types) if i not in weights]),
     )
 
 
-def _widens(out_shapes, out_bytes: int, data_args) -> bool:
+def _widens(out_shapes, out_dtypes, data_types) -> bool:
     """One result with as many elements as its largest data input, in more bytes: a
     dequantize (int8 → float32) or a cast up (float16 → float32). Fused, such an operator is
-    best the prologue of its consumer, so the kernels exchange the narrower tensor."""
+    best the prologue of its consumer, so the kernels exchange the narrower tensor.
+    ``data_types`` holds each data (non-weight) argument's (shapes, dtypes)."""
     if len(out_shapes) != 1 or out_shapes[0] is None:
         return False
-    widest = None
-    for arg in data_args:
-        shapes, dtypes = _result_types(arg.ty)
-        if len(shapes) == 1 and shapes[0] is not None:
-            size = (shape_numel(shapes[0]) or 0, _dtype_bytes(dtypes[0]))
-            widest = size if widest is None or size[0] * size[1] > widest[0] * widest[1] else widest
-    if widest is None:
-        return False
-    elements = shape_numel(out_shapes[0]) or 0
-    return elements == widest[0] > 0 and out_bytes > elements * widest[1]
+    width, elements = _dtype_bytes(out_dtypes[0]), shape_numel(out_shapes[0]) or 0
+    found = False
+    for shapes, dtypes in data_types:
+        if len(shapes) != 1 or shapes[0] is None:
+            continue
+        size = shape_numel(shapes[0]) or 0
+        if _dtype_bytes(dtypes[0]) >= width:
+            if size >= elements:
+                return False  # an input as wide and as large: not a widening
+        elif size == elements:
+            found = True
+    return found and elements > 0
 
 
 def _is_tensor_op(call: relax.Call) -> bool:

@@ -11,6 +11,8 @@ stock TVM's own (:func:`tvm_fusion.numerics.check_outputs`).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -139,3 +141,34 @@ def test_fast_math_leaves_fp16_alone():
     text = fast_math(func).script()
     assert "T.exp(x)" in text
     assert "T.erf(" not in text
+
+
+def test_torch_half_export(tmp_path):
+    """A model exported from PyTorch after ``.half()`` (CPU, TorchScript exporter): conv,
+    depthwise conv with SiLU, a residual add, a mean and a Linear, all in fp16."""
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+            self.depthwise = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            y = torch.nn.functional.silu(self.depthwise(y)) + y
+            return self.fc(y.mean(dim=(2, 3)))
+
+    torch.manual_seed(0)
+    path = tmp_path / "half.onnx"
+    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notice
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Net().eval().half(), (torch.randn(1, 3, 16, 16).half(),), str(path),
+                          dynamo=False, opset_version=17, input_names=["x"],
+                          output_names=["y"])
+    model = onnx.load(path)
+    ours, stock, ref, _ = _three_ways(model)
+    assert ours[0].dtype == np.float16
+    check_outputs(ours, stock, ref)
+

@@ -22,6 +22,7 @@ from tvm_fusion.compile import run as run_vm
 from tvm_fusion.feeds import random_inputs
 from tvm_fusion.models.quantized import conv_net, matmul_net, qdq_conv_net, qdq_matmul_net
 from tvm_fusion.numerics import check_outputs, onnx_reference
+from tvm_fusion.relay_passes.widening import duplicate_widening
 from tvm_fusion.target import host_target
 from tvm_fusion.tir_schedules.rounding import converts_to_int, fence_producers, is_fence
 from tvm_fusion.tir_utils import find_all
@@ -187,3 +188,34 @@ def test_fused_quantize_of_a_sum_of_dequantized_values_rounds_as_onnx_defines():
     y = total / s2
     expected = np.clip(np.rint(y), -128, 127)  # QuantizeLinear rounds half to even
     np.testing.assert_array_equal(ours, expected.astype(np.int8))
+
+
+def test_each_reader_of_a_dequantize_gets_its_own_copy():
+    """relay_passes.widening: one DequantizeLinear read by two matmuls becomes two, so both
+    kernels can start with it and read the int8 tensor; a float32 op read twice is left."""
+    x = relax.Var("x", relax.TensorType((4, 8), "int8"))
+    y = relax.Var("y", relax.TensorType((4, 8), "float32"))
+    bb = relax.BlockBuilder()
+    w = relax.const(np.ones((8, 8), "float32"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            d = bb.emit(relax.op.dequantize(x, relax.const(0.5, "float32"),
+                                            relax.const(0, "int8"), axis=0))
+            r = bb.emit(relax.op.nn.relu(y))
+            a = bb.emit(relax.op.matmul(d, w))
+            b = bb.emit(relax.op.matmul(d, w))
+            out = bb.emit_output(relax.op.add(relax.op.add(a, b), relax.op.add(r, r)))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+
+    def calls(m, name):
+        return sum(1 for b in m["main"].body.blocks[0].bindings
+                   if isinstance(b.value, relax.Call) and len(b.value.args) > 0
+                   and getattr(b.value.args[0], "name_hint", "").startswith(name))
+
+    assert (calls(mod, "dequantize"), calls(mod, "relu")) == (1, 1)
+    copied = duplicate_widening(mod)
+    assert (calls(copied, "dequantize"), calls(copied, "relu")) == (2, 1)
+    inputs = [np.arange(32, dtype="int8").reshape(4, 8), np.ones((4, 8), "float32")]
+    np.testing.assert_array_equal(run_vm(tvm.compile(copied, "llvm"), inputs)[0],
+                                  run_vm(tvm.compile(mod, "llvm"), inputs)[0])

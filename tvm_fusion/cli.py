@@ -295,24 +295,48 @@ def _cmd_report(args) -> int:
     if args.html and len(args.models) != 1:
         raise ValueError(f"--html draws one model; {len(args.models)} given")
     html_path = _writable_path("--html", args.html, "plan.html") if args.html else None
-    reports = []
+    reports, failures = [], []
     shapes = _parse_input_shapes(args.input_shape)
-    models = [load_onnx(path) for path in args.models]
-    _check_shape_names(shapes, models)
-    for path, model in tqdm(list(zip(args.models, models)), desc="report", unit="model",
-                            disable=len(args.models) < 2):
+    many = len(args.models) > 1  # one bad file among several is reported, the rest go on
+    models = []
+    for path in args.models:
+        try:
+            models.append((path, load_onnx(path)))
+        except BAD_INPUT as err:
+            failures.append(_skip_model(path, err, many))
+    _check_shape_names(shapes, [model for _, model in models])
+    for path, model in tqdm(models, desc="report", unit="model", disable=len(models) < 2):
         name = os.path.splitext(os.path.basename(path))[0]
         artifacts: dict = {}
-        reports.append(reporting.make_report(
-            model, name, args.target, check=not args.no_check,
-            input_shapes=shapes_for(model, shapes), artifacts=artifacts, **options))
+        try:
+            reports.append(reporting.make_report(
+                model, name, args.target, check=not args.no_check,
+                input_shapes=shapes_for(model, shapes), artifacts=artifacts, **options))
+        except (*BAD_INPUT, AssertionError) as err:
+            failures.append(_skip_model(path, err, many))
+            continue
         if html_path:
             _write_picture(html_path, artifacts, reports[-1])
     if args.json:
         print(json.dumps([r.to_json() for r in reports], indent=2))
-    else:
+    elif reports:
         print("\n\n".join(reporting.format_report(r, why=args.why) for r in reports))
-    return 0
+    return max(failures, default=0)
+
+
+def _skip_model(path: str, err: BaseException, many: bool) -> int:
+    """In a run over several models, one line for a model that cannot be reported (and the
+    exit code it earns); a single model's error propagates to ``main`` as before."""
+    if not many:
+        raise err
+    text = _one_line(err)
+    if path not in text:
+        text = f"{path}: {text}"
+    if isinstance(err, AssertionError):
+        print(f"tvm-fusion: numerical check failed: {text}", file=sys.stderr)
+        return EXIT_INTERNAL
+    print(f"tvm-fusion: error: {text}", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 def _write_picture(path: str, artifacts: dict, report) -> None:

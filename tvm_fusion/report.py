@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import onnx
 import tvm
 
@@ -28,7 +27,7 @@ from .compile import (
 from .devices import require_device
 from .feeds import random_inputs, run_shapes
 from .instrument import Collector
-from .numerics import compare, max_abs_error, onnx_reference, tolerance_for
+from .numerics import check_outputs, max_abs_error, onnx_reference
 from .relay_passes.plan_fusion import ModulePlan
 from .relay_passes.rejection import describe
 from .symbolic import symbolic_hints
@@ -154,48 +153,22 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         order = graph_input_names(model)
         inputs = [feeds[k] for k in order]
         ours = run(compile_model(mod, target, **options), inputs)
-        stock = run(compile_model(mod, target, strategy="tvm"), inputs)
+        try:  # stock TVM 0.27 fails on some models tvm_fusion builds (fp16 batch norm)
+            stock = run(compile_model(mod, target, strategy="tvm"), inputs)
+        except Exception as err:  # noqa: BLE001 (TVM raises several types)
+            stock = None
+            report.check_notes.append(f"stock TVM does not build the model "
+                                      f"({_first_line(err)}): checked against ONNX Runtime only")
         try:
             reference = onnx_reference(model, feeds)
         except Exception as err:  # noqa: BLE001 (ONNX Runtime raises its own untyped errors)
             raise ModelError(f"{name}: the reference (ONNX Runtime) cannot run the model "
                              f"({_first_line(err)}); --no-check skips the check") from None
-        report.max_error_vs_stock = max_abs_error(ours, stock)
+        if stock is not None:
+            report.max_error_vs_stock = max_abs_error(ours, stock)
         report.max_error_vs_onnx = max_abs_error(ours, reference)
-        report.check_notes = check_outputs(ours, stock, reference)
+        report.check_notes += check_outputs(ours, stock, reference)
     return report
-
-
-def check_outputs(ours, stock, reference) -> list[str]:
-    """The numerical check: each output of tvm_fusion against the ONNX reference, with the
-    tolerance of its dtype (:func:`tvm_fusion.numerics.tolerance_for`; integers exact).
-
-    An output out of tolerance of the reference but within it of stock TVM's is not a fusion
-    error: it is a tie that TVM's TopK/ArgMax break another way than ONNX Runtime, or an
-    accumulation order of TVM's own. It passes with a note (returned) that says so; any other
-    difference raises ``AssertionError`` naming the output.
-    """
-    ours, stock, reference = list(ours), list(stock), list(reference)
-    if not len(ours) == len(stock) == len(reference):
-        raise AssertionError(f"tvm_fusion has {len(ours)} outputs, stock TVM {len(stock)}, "
-                             f"the reference {len(reference)}")
-    notes = []
-    for i, (out, base, ref) in enumerate(zip(ours, stock, reference, strict=True)):
-        rtol, atol = tolerance_for(np.asarray(ref).dtype)
-        try:
-            compare([out], [ref], rtol=rtol, atol=atol)
-            continue
-        except AssertionError as err:
-            vs_onnx = str(err).replace("output 0", f"output {i}", 1)
-        try:
-            compare([out], [base], rtol=rtol, atol=atol)
-        except AssertionError:
-            raise AssertionError(f"{vs_onnx} (ONNX Runtime's reference; stock TVM differs "
-                                 f"by at most {max_abs_error([out], [base]):.3g})") from None
-        notes.append(f"output {i} differs from ONNX Runtime (max abs err "
-                     f"{max_abs_error([out], [ref]):.3g}) as stock TVM's does; tvm_fusion "
-                     f"agrees with stock TVM (max abs err {max_abs_error([out], [base]):.3g})")
-    return notes
 
 
 def _plan_only(mod, target, symbolic_hint=None) -> ModulePlan:
@@ -228,7 +201,9 @@ def format_report(report: ModelReport, why: bool = False) -> str:
                           for k, v in report.run_shapes.items())
         lines.append(f"  input shapes: compiled once for every size; run and checked at {sizes}")
     if report.max_error_vs_onnx is not None:
-        lines.append(f"  numerics: max |tvm_fusion - stock| = {report.max_error_vs_stock:.3g}, "
+        vs_stock = ("n/a" if report.max_error_vs_stock is None
+                    else f"{report.max_error_vs_stock:.3g}")
+        lines.append(f"  numerics: max |tvm_fusion - stock| = {vs_stock}, "
                      f"max |tvm_fusion - onnx| = {report.max_error_vs_onnx:.3g}")
         lines += [f"    {note}" for note in report.check_notes]
     lines.append("  fusion blocks:")

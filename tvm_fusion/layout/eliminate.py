@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import tvm
+import tvm_ffi
 from tvm import relax, s_tir, te, tirx
 from tvm.ir.expr import GenericConst
 
@@ -524,7 +525,7 @@ def epilogue_groups(block: relax.DataflowBlock, classes: dict,
         args = [a for a in _call_args(b.value) if isinstance(a, relax.Var)]
         cands = [a for a in args if a in position and find(a) in anchored and uses.get(a) == 1
                  and isinstance(a, relax.DataflowVar)]
-        if len(cands) != 1:
+        if len(cands) != 1 or _widens(cands[0], var):
             continue
         anchor = cands[0]
         root = find(anchor)
@@ -536,6 +537,18 @@ def epilogue_groups(block: relax.DataflowBlock, classes: dict,
     for v in position:
         components.setdefault(find(v), []).append(v)
     return [m for m in components.values() if len(m) > 1]
+
+
+def _widens(source: relax.Var, result: relax.Var) -> bool:
+    """``result`` holds ``source``'s elements in a wider type (a dequantize, a cast up): the
+    chain stops before it, so the anchor's kernel writes the narrow tensor and the widening
+    operator becomes its consumers' prologue (the planner's rule, fusion_plan.py)."""
+    src, out = source.ty, result.ty
+    if not isinstance(src, relax.TensorType) or not isinstance(out, relax.TensorType):
+        return False
+    if src.shape is None or out.shape is None or not tvm_ffi.structural_equal(src.shape, out.shape):
+        return False
+    return tvm.DataType(str(out.dtype)).bits > tvm.DataType(str(src.dtype)).bits
 
 
 def _call_args(call: relax.Call) -> list:

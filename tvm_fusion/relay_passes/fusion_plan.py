@@ -230,14 +230,25 @@ class _Planner:
             idx = frontier.popleft()
             node = self.ecg.nodes[idx]
             for succ in node.succs:
-                if (self.opt.prefer_epilogues and node.flops > 0
+                if self._leave_for_consumers(succ):
+                    self.rejections.setdefault((idx, succ), (
+                        RejectReason.PROLOGUE,
+                        f"widens its input ({self.ecg.nodes[succ].out_dtypes[0]}): left to be "
+                        f"the prologue of its consumers, so the kernels exchange the narrower "
+                        f"tensor"))
+                elif (self.opt.prefer_epilogues and node.flops > 0
                         and self.ecg.nodes[succ].mapping_type is MappingType.MANY_TO_MANY
                         and self.current.mapping_type is not MappingType.MANY_TO_MANY):
                     deferred.append((succ, idx))
                 elif self._try_add(succ, producer_first=True, via=idx):
                     frontier.append(succ)
             for pred in node.preds:
-                if self._leave_for_producer(pred, via=idx):
+                if self._reads_for_consumers(idx):
+                    self.rejections.setdefault((pred, idx), (
+                        RejectReason.PROLOGUE,
+                        f"{node.op_name} widens its input: it starts its consumers' kernel, "
+                        f"which reads the narrower tensor"))
+                elif self._leave_for_producer(pred, via=idx):
                     self.rejections.setdefault((pred, idx), (
                         RejectReason.EPILOGUE,
                         "left to be the epilogue of its own Many-to-Many producer"))
@@ -245,16 +256,62 @@ class _Planner:
                     frontier.append(pred)
         self._close()
 
+    def _leave_for_consumers(self, idx: int) -> bool:
+        """Would ``idx``, a widening operator (DequantizeLinear, a cast up), join the current
+        block as an epilogue although every consumer, each a free Many-to-Many anchor, could
+        take it as a prologue? Then the
+        kernel would write the wide tensor (float32) where it could write the narrow one
+        (int8): it is left for the consumers, as QDQ kernels read int8 and write int8. Only
+        when the block has (or will take, through free operators upstream) a Many-to-Many
+        anchor: a lone QuantizeLinear of a graph input keeps its DequantizeLinear and goes on
+        into the consumer itself."""
+        return (idx not in self.block_of and self._reads_for_consumers(idx)
+                and self._anchor_upstream())
+
+    def _reads_for_consumers(self, idx: int) -> bool:
+        """``idx`` widens and every consumer is a fusible Many-to-Many anchor, free or in the
+        current block: its kernel is theirs, and its producer's kernel ends before it (an
+        elementwise reader such as a residual add would cost a kernel of its own)."""
+        nodes = self.ecg.nodes
+        node = nodes[idx]
+        if (not self.opt.prefer_epilogues or not node.widens or node.is_graph_output
+                or not node.succs):
+            return False
+        return all(nodes[s].fusible and nodes[s].mapping_type is MappingType.MANY_TO_MANY
+                   and (s not in self.block_of or s in self.members) for s in node.succs)
+
+    def _anchor_upstream(self, depth: int = 16) -> bool:
+        """The current block is Many-to-Many, or a free Many-to-Many operator feeds it through
+        free operators (it will be taken as the block's producer)."""
+        if self.current.mapping_type is MappingType.MANY_TO_MANY:
+            return True
+        nodes = self.ecg.nodes
+        todo = [p for m in self.current.members for p in nodes[m].preds]
+        seen: set[int] = set()
+        while todo and len(seen) < depth:
+            cur = todo.pop()
+            if cur in seen or cur in self.members or cur in self.block_of or (
+                    not nodes[cur].fusible):
+                continue
+            seen.add(cur)
+            if nodes[cur].mapping_type is MappingType.MANY_TO_MANY:
+                return True
+            todo.extend(nodes[cur].preds)
+        return False
+
     def _leave_for_producer(self, idx: int, via: int, depth: int = 16) -> bool:
         """Would ``idx`` join the current block as the prologue of a compute-intensive
-        operator (which re-reads it per output tile) although a free Many-to-Many operator
+        operator (which re-reads it per output tile), or would a narrowing ``idx`` (a
+        QuantizeLinear) join as any prologue, although a free Many-to-Many operator
         upstream (through free operators) could take it as an epilogue? Then it is left for a
         later seed. Row reductions re-read nothing, so their prologues stay (TinyBERT's
         layer-norm chain); data movement stays too (it costs nothing as a prologue)."""
         nodes = self.ecg.nodes
-        if (not self.opt.prefer_epilogues or not nodes[via].compute_intensive
-                or nodes[idx].flops == 0):  # data movement: an index change in the loads
+        if (not self.opt.prefer_epilogues or nodes[idx].flops == 0  # data movement: free
+                or nodes[idx].widens):  # a dequantize: the consumer reads the narrow tensor
             return False
+        if not (nodes[via].compute_intensive or nodes[idx].narrows):  # (a quantize: the
+            return False  # producer writes the narrow tensor, whatever reads it)
         todo, seen = [idx], set()
         while todo and len(seen) < depth:
             cur = todo.pop()

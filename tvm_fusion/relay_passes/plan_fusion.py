@@ -19,6 +19,7 @@ from .ecg import FuncCache, build_ecg
 from .fusion_plan import FusionPlan, PlanOptions, plan_dnnfusion
 from .grouping import group_bindings, is_primitive
 from .optifx import blocks_holding, choose_chains, merge_chains_into_plan
+from .widening import duplicate_widening
 
 STRATEGIES = ("dnnfusion", "tvm", "apollo")  # the build's; PlanFusion takes the first two
 _PLANNERS = STRATEGIES[:2]
@@ -146,6 +147,8 @@ class PlanFusion:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if self.strategy == "tvm":
             return relax.transform.FuseOps()(mod)
+        if self.options.prefer_epilogues:  # every reader of a dequantize gets its own copy
+            mod = duplicate_widening(mod)
         bind = getattr(self.options.oracle, "bind", None)
         if bind is not None:  # a profiling oracle builds candidates from this module's PrimFuncs
             bind(mod)

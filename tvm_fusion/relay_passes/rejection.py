@@ -19,6 +19,7 @@ class RejectReason(str, enum.Enum):
     OPAQUE = "opaque"  # an operator that is never fused (library call, extern code)
     ALREADY_FUSED = "already_fused"  # the operator already belongs to another block
     EPILOGUE = "epilogue"  # left to be the epilogue of its own Many-to-Many producer
+    PROLOGUE = "prologue"  # a widening operator (dequantize) left to its consumers' kernels
     BLOCK_LIMIT = "block_limit"  # the block (or packed kernel) is at its size limit
     CYCLE = "cycle"  # the kernel would depend on itself through an outside operator
     DIMENSIONS = "dimensions"  # Apollo's stitching: loop dimensions or row tiles differ

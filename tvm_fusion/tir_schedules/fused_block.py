@@ -45,6 +45,7 @@ from .records import (
     kept_reasons,
     restore_symbol,
 )
+from .rounding import fence_producers
 
 
 def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = True,
@@ -53,7 +54,8 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
 
     ``fast`` replaces float32 exp/erf/tanh/sigmoid by vectorisable approximations
     (:mod:`.fast_math`)."""
-    base = hoist_independent_stages(refresh_access_regions(protect_negations(func)))
+    base = hoist_independent_stages(refresh_access_regions(
+        fence_producers(protect_negations(func))))
     base = base.with_attr("global_symbol", "main")
     sch = s_tir.Schedule(base)
     kept, inlined = inline_producers(sch) if inline else ({}, [])

@@ -185,3 +185,12 @@ def build(target: tvm.target.Target, graph: tvm.transform.Pass, backend: str | N
         if backend == "adreno":
             passes.append(LowerTextures())
     return tvm.transform.Sequential(passes, name="tvm_fusion.build")
+
+
+def memory_planning(target: tvm.target.Target) -> tvm.transform.Pass:
+    """TVM's lowering of a fused module up to and including ``StaticPlanBlockMemory``: where
+    the storage its activations will take is decided (``tvm_fusion.memory`` reads it)."""
+    backend = _tvm_backend(target)
+    return tvm.transform.Sequential(
+        backend.dataflow_lower_passes(target) + [relax.transform.StaticPlanBlockMemory()],
+        name="tvm_fusion.memory_planning")

@@ -27,6 +27,7 @@ from .compile import (
 from .devices import require_device
 from .feeds import random_inputs, run_shapes
 from .instrument import Collector
+from .memory import planned_memory
 from .numerics import check_outputs, max_abs_error, onnx_reference
 from .relay_passes.plan_fusion import ModulePlan
 from .relay_passes.rejection import describe
@@ -71,6 +72,10 @@ class ModelReport:
     # fp16 accumulation order): tvm_fusion agrees with stock TVM there, so the check passes
     check_notes: list[str] = field(default_factory=list)
     run_shapes: dict = field(default_factory=dict)  # symbolic dims/inputs: the sizes checked
+    # activation memory of a run (tvm_fusion.memory: planned storage + run-time allocations +
+    # the largest kernel workspace), stock FuseOps' grouping and tvm_fusion's, same schedules
+    activation_bytes_stock: int | None = None
+    activation_bytes_fused: int | None = None
 
     @property
     def fusion_rate(self) -> float:
@@ -123,6 +128,9 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         irs_bytes_after=sum(p.ecg.irs_bytes_fused(p.groups()) for p in module_plan.plans.values()),
         planning_seconds=round(module_plan.seconds, 4),
     )
+    with symbolic_hints(options.get("symbolic_hint")):
+        report.activation_bytes_stock = planned_memory(stock_mod, target).total
+        report.activation_bytes_fused = planned_memory(fused_mod, target).total
     if rewrites:
         report.flops_before_rewrite = int(rewrites[0].flops_before)
         report.flops_after_rewrite = int(rewrites[0].flops_after)
@@ -190,6 +198,10 @@ def format_report(report: ModelReport, why: bool = False) -> str:
         f"{_mb(report.irs_bytes_after)} after fusion",
         f"  planning: {report.planning_seconds:.3f} s",
     ]
+    if report.activation_bytes_fused is not None:
+        lines.insert(3, f"  activation memory (planned storage + largest kernel workspace): "
+                        f"stock TVM {_mb(report.activation_bytes_stock)}, tvm_fusion "
+                        f"{_mb(report.activation_bytes_fused)}")
     if report.flops_before_rewrite is not None:
         fired = ", ".join(f"{k} {v}" for k, v in sorted(report.rules_fired.items())) or "none"
         lines.append(f"  rewriting: {report.flops_before_rewrite / 1e9:.4f} -> "

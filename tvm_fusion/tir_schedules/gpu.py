@@ -74,8 +74,9 @@ def _may_tensorize(mod: tvm.IRModule, target: tvm.target.Target | None) -> bool:
         return True
     if target.kind.name != "cuda":
         return False
-    return any(str(buf.dtype) in ("float16", "int8") for func in mod.functions.values()
-               if isinstance(func, tvm.tirx.PrimFunc) for buf in func.buffer_map.values())
+    return any(str(getattr(param, "dtype", "")) in ("float16", "int8")
+               for func in mod.functions.values() if isinstance(func, tvm.tirx.PrimFunc)
+               for param in func.params)
 
 
 def import_tensor_intrinsics() -> None:

@@ -91,3 +91,36 @@ def test_visualize_renders_inline_and_saves_the_same_document(tmp_path):
     shown.save(path)
     assert path.read_text() == shown._repr_html_()
     assert "tvm_fusion 2 kernels" in shown.html and "stock FuseOps 5 kernels" in shown.html
+
+
+def test_operators_carry_their_onnx_node_names(drawn):
+    """TVM's importer drops ONNX node names; the picture gets them back (tvm_fusion.onnx_names):
+    operators show the nodes they came from, the search box finds them."""
+    report, page = drawn
+    view = _view(page, "tvm_fusion")
+    names = re.findall(r'<text[^>]*class="onnx">([^<]*)</text>', view)
+    # conv packing's layout transforms come from no ONNX node
+    ops = view.count('<g class="op"') - view.count('<g class="op" data-name="te_layout_transform')
+    assert len(names) >= 0.8 * ops, f"{len(names)} of {ops} operators have an ONNX name"
+    expected = {"encoder": "attention.softmax", "figure3": "conv"}[report.name]
+    assert any(expected in html.unescape(n) for n in names)
+    assert 'data-name="' in view and expected in view.lower()
+
+
+def test_onnx_names_ride_on_spans_and_change_nothing_else():
+    """The named import is TVM's import (structurally equal), each binding spanned by its ONNX
+    node; a node's helper bindings (a Conv's bias reshape) take that node's name."""
+    import tvm
+
+    from tvm_fusion.compile import import_onnx
+    from tvm_fusion.models.cnn import inverted_residual_net
+    from tvm_fusion.onnx_names import node_names
+
+    model = inverted_residual_net(size=16)
+    named = import_onnx(model, node_names=True)
+    tvm.ir.assert_structural_equal(named, import_onnx(model))
+    bindings = [b for block in named["main"].body.blocks for b in block.bindings]
+    onnx_nodes = {n.name for n in model.graph.node}
+    assert all(node_names(b.var) and set(node_names(b.var)) <= onnx_nodes for b in bindings)
+    convs = [b for b in bindings if node_names(b.var) == ["/features.0/Conv"]]
+    assert len(convs) >= 2  # the conv and its bias

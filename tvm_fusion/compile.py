@@ -23,6 +23,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from .devices import require_codegen
 from .native_log import EVERYTHING, filtered_stderr
+from .onnx_names import from_onnx_with_names
 from .target import to_target
 from .transform import Sequential, get_pipeline
 
@@ -64,8 +65,12 @@ def _check_opset(path: str, model: onnx.ModelProto) -> None:
                              f"{onnx.__version__} defines (at most {newest})")
 
 
-def import_onnx(model: onnx.ModelProto, shape_dict: dict | None = None) -> tvm.IRModule:
+def import_onnx(model: onnx.ModelProto, shape_dict: dict | None = None,
+                node_names: bool = False) -> tvm.IRModule:
     """``from_onnx`` with weights as constants; an unsupported operator is named, not traced.
+
+    ``node_names=True`` spans every binding with the name of the ONNX node it came from
+    (:mod:`tvm_fusion.onnx_names`: TVM's importer keeps none), for reports and pictures.
 
     When the importer fails, the message names the operator it was converting (the importer
     prints that to stdout, captured here) and, where ONNX's own strict shape inference rejects
@@ -75,8 +80,9 @@ def import_onnx(model: onnx.ModelProto, shape_dict: dict | None = None) -> tvm.I
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
             warnings.simplefilter("ignore")
-            return from_onnx(model, shape_dict=shape_dict,
-                                                 keep_params_in_input=False)
+            if node_names:
+                return from_onnx_with_names(model, shape_dict)
+            return from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
     except tvm.error.OpNotImplemented as err:
         raise ModelError(_first_line(err)) from None
     except Exception as err:  # noqa: BLE001 (the importer raises anything)

@@ -97,7 +97,7 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     if check:  # before minutes of building: the check runs the model on the target's device
         require_device(target, "the check runs the model: pass check=False (--no-check) to "
                                "plan and compile without running")
-    mod = import_onnx(model)
+    mod = import_onnx(model, node_names=True)  # the picture names operators by ONNX node
     stock_mod = fuse(mod, target, strategy="tvm")
     collector = Collector()
     with tvm.transform.PassContext(instruments=[collector]):

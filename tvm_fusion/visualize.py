@@ -9,8 +9,9 @@ Nothing is fetched when the page opens (no script, font or style from a URL): it
 and can be attached to an issue. The layout is computed here, at write time: blocks are ranked
 by longest path over the block graph (a DAG: the planner rejects cycles), each rank is a column,
 and a block's operators are stacked in its column in topological order, so clusters never
-overlap. Operators are named by their lowered PrimFunc names and Relax variables: the ECG does
-not keep the ONNX node names (``relax.frontend.onnx`` drops them).
+overlap. Operators are named by their lowered PrimFunc names and, below them, the ONNX nodes
+they came from (:mod:`tvm_fusion.onnx_names`: TVM's importer drops the names, so the model is
+imported with them carried as spans).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tvm import relax
 from .atomic import atomic_write_text
 from .compile import count_kernels, fuse, import_onnx, load_onnx
 from .instrument import Collector
+from .onnx_names import node_names
 
 # anchor mapping type -> cluster fill (light) and stroke (dark)
 COLOURS = {
@@ -37,7 +39,7 @@ COLOURS = {
     "Opaque": ("#e8e8e8", "#555555"),
     "kernel": ("#eef1f5", "#5a6b7d"),
 }
-COL_W, NODE_W, NODE_H, ROW_GAP, PAD, HEAD = 310, 240, 22, 6, 10, 20
+COL_W, NODE_W, NODE_H, ROW_GAP, PAD, HEAD = 310, 240, 32, 6, 10, 20
 INDENT, BAND_GAP = 20, 34  # room for in-block arcs on the left; between ranks
 LABEL_CHARS = 36  # what fits NODE_W at 11px monospace; the full name is in the tooltip
 
@@ -47,6 +49,11 @@ class Node:
     label: str  # PrimFunc (or Relax op) name
     var: str  # the Relax variable it binds (names repeat: a label needs it to be unique)
     detail: str  # tooltip text
+    onnx: list[str] = field(default_factory=list)  # the ONNX nodes it came from
+
+    @property
+    def onnx_text(self) -> str:
+        return ", ".join(self.onnx)
 
 
 @dataclass
@@ -78,9 +85,14 @@ def plan_graph(module_plan) -> Graph:
         base = len(graph.nodes)
         block_of = {i: b for b, blk in enumerate(plan.blocks) for i in blk.members}
         for n in ecg.nodes:
+            onnx_nodes = node_names(n.var)
+            origin = (f"; ONNX: {', '.join(onnx_nodes)}" if onnx_nodes else
+                      "; no ONNX node: inserted by a pass" if "layout_transform" in n.op_name
+                      else "")
             graph.nodes.append(Node(n.op_name, n.name,
                                     f"{n.name} = {n.op_name} [{n.mapping_type.short}] "
-                                    f"({func}, dataflow block {block_index}); {n.reason}"))
+                                    f"({func}, dataflow block {block_index}){origin}; "
+                                    f"{n.reason}", onnx_nodes))
         reasons = _rejection_index(plan)
         for n in ecg.nodes:
             for s in n.succs:
@@ -142,7 +154,8 @@ def kernel_graph(mod, title: str = "stock FuseOps") -> Graph:
                     name = getattr(callee, "name_hint", None) or str(callee)
                     idx = len(graph.nodes)
                     graph.nodes.append(Node(name, binding.var.name, f"{binding.var.name} = {name} "
-                                                  f"({gvar.name_hint})"))
+                                                  f"({gvar.name_hint})",
+                                            node_names(binding.var)))
                     graph.clusters.append(Cluster(len(graph.clusters), "kernel", [idx]))
                     graph.edges += [(s, idx, "") for s in sorted(srcs)]
                     producers[binding.var] = {idx}
@@ -216,7 +229,9 @@ def render_svg(graph: Graph, view: str, hidden: bool = False) -> str:
     for c in graph.clusters:
         x, y, w, h = boxes[c.kernel]
         fill, stroke = COLOURS.get(c.kind, COLOURS["kernel"])
-        names = ", ".join(graph.nodes[n].label for n in c.members)
+        names = ", ".join(graph.nodes[n].label + (f" ({graph.nodes[n].onnx_text})"
+                                                  if graph.nodes[n].onnx else "")
+                          for n in c.members)
         head = f"#{c.kernel} {c.kind}" if c.kind != "kernel" else f"#{c.kernel}"
         parts.append(
             f'<g class="cluster" data-kernel="{c.kernel}"><title>{_e(head)}: {_e(names)}'
@@ -256,10 +271,13 @@ def render_svg(graph: Graph, view: str, hidden: bool = False) -> str:
     parts += edges
     for n, (x, y) in places.items():
         node = graph.nodes[n]
-        parts.append(f'<g class="op" data-name="{_e(node.label.lower())}"><title>{_e(node.detail)}'
+        search = f"{node.label} {node.onnx_text}".lower()
+        origin = (f'<text x="{x + 5}" y="{y + 26}" class="onnx">{_e(_short(node.onnx_text))}'
+                  "</text>") if node.onnx else ""
+        parts.append(f'<g class="op" data-name="{_e(search)}"><title>{_e(node.detail)}'
                      f'</title><rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="3" '
-                     f'fill="#fff" stroke="#999"/><text x="{x + 5}" y="{y + 15}">'
-                     f"{_e(_short(node.label))}</text></g>")
+                     f'fill="#fff" stroke="#999"/><text x="{x + 5}" y="{y + 13}">'
+                     f"{_e(_short(node.label))}</text>{origin}</g>")
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -314,7 +332,8 @@ def visualize(mod_or_model, target="llvm", title: str | None = None, **options) 
     if isinstance(mod_or_model, str):
         title = title or mod_or_model
         mod_or_model = load_onnx(mod_or_model)
-    mod = import_onnx(mod_or_model) if isinstance(mod_or_model, onnx.ModelProto) else mod_or_model
+    mod = (import_onnx(mod_or_model, node_names=True)
+           if isinstance(mod_or_model, onnx.ModelProto) else mod_or_model)
     collector = Collector()
     with tvm.transform.PassContext(instruments=[collector]):
         fused = fuse(mod, target, **options)
@@ -325,7 +344,8 @@ def visualize(mod_or_model, target="llvm", title: str | None = None, **options) 
 
 
 def _cell(node: Node) -> str:
-    return f'{_e(node.label)} <span class="var">{_e(node.var)}</span>'
+    origin = f'<br><span class="onnx">{_e(node.onnx_text)}</span>' if node.onnx else ""
+    return f'{_e(node.label)} <span class="var">{_e(node.var)}</span>{origin}'
 
 
 def _short(label: str) -> str:
@@ -352,6 +372,8 @@ main{display:flex;height:calc(100vh - 92px)}
 aside{width:480px;overflow:auto;padding:0 8px}
 svg text{font:11px ui-monospace,monospace}
 svg text.head{font-weight:bold}
+svg text.onnx{font-size:10px;fill:#3a6ea5}
+span.onnx{color:#3a6ea5}
 path.in,path.link{fill:none;stroke:#999;stroke-width:1}
 path.link{stroke:#5a6b7d;stroke-width:1.2}
 path.cut{fill:none;stroke:#c0392b;stroke-width:1.4;stroke-dasharray:5 3;cursor:pointer}
@@ -396,7 +418,8 @@ _PAGE = """<!DOCTYPE html>
 <header><h1>{title}: {operators} operators as planned, tvm_fusion {fused} kernels,
 stock FuseOps {stock} kernels</h1>
 <button id="toggle">toggle tvm_fusion / stock FuseOps</button> showing <b id="which">tvm_fusion</b>
-&nbsp; <input id="search" placeholder="find operator" size="18"> &nbsp; anchor: {legend}
+&nbsp; <input id="search" placeholder="find operator or ONNX node" size="24">
+&nbsp; anchor: {legend}
 <span style="color:#c0392b">- - -</span> edge kept apart (hover or click for why)
 <script type="application/json" id="kernel-counts">{counts}</script></header>
 <main><div id="canvas">

@@ -325,7 +325,7 @@ def _write_picture(path: str, artifacts: dict, report) -> None:
                          "drop --strategy tvm")
     start = time.perf_counter()
     picture(artifacts["plan"], artifacts["stock_mod"], report.name,
-            report.fused_kernels).save(path)
+            report.fused_kernels, artifacts.get("layout_blocks", ())).save(path)
     print(f"wrote {path} (drawn in {time.perf_counter() - start:.2f} s)", file=sys.stderr)
 
 

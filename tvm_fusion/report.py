@@ -108,7 +108,8 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     original = _plan_only(mod, target, options.get("symbolic_hint"))
     module_plan = record[0] if record else original
     if artifacts is not None:
-        artifacts.update(plan=record[0] if record else None, stock_mod=stock_mod)
+        artifacts.update(plan=record[0] if record else None, stock_mod=stock_mod,
+                         layout_blocks=list(collector.layout_blocks))
     nodes = [n for p in original.plans.values() for n in p.ecg.nodes]
 
     report = ModelReport(

@@ -39,6 +39,7 @@ COLOURS = {
     "Opaque": ("#e8e8e8", "#555555"),
     "kernel": ("#eef1f5", "#5a6b7d"),
 }
+PROFILE_SOURCES = ("db", "measure", "model")  # a yellow verdict from timings, not the default
 COL_W, NODE_W, NODE_H, ROW_GAP, PAD, HEAD = 310, 240, 32, 6, 10, 20
 INDENT, BAND_GAP = 20, 34  # room for in-block arcs on the left; between ranks
 LABEL_CHARS = 36  # what fits NODE_W at 11px monospace; the full name is in the tooltip
@@ -72,6 +73,10 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     edges: list[tuple[int, int, str]] = field(default_factory=list)  # (src, dst, reason or "")
     clusters: list[Cluster] = field(default_factory=list)
+    # yellow cells a profile (database, measurement or the latency model) decided:
+    # (src, dst, "fused" or "kept apart", its detail: the times of fused vs apart)
+    profiled: list[tuple[int, int, str, str]] = field(default_factory=list)
+    removed: list = field(default_factory=list)  # SmartMem's RemovedLayoutOp records
 
 
 # ------------------------------------------------------------------------------ from the plans
@@ -94,6 +99,12 @@ def plan_graph(module_plan) -> Graph:
                                     f"({func}, dataflow block {block_index}){origin}; "
                                     f"{n.reason}", onnx_nodes))
         reasons = _rejection_index(plan)
+        for (a, b), yellow in _pair_index(plan, plan.yellow).items():
+            decision = yellow.decision
+            if decision.source in PROFILE_SOURCES:
+                graph.profiled.append((base + a, base + b,
+                                       "fused" if decision.fuse else "kept apart",
+                                       f"{decision.source}: {decision.detail}"))
         for n in ecg.nodes:
             for s in n.succs:
                 cut = block_of.get(n.index) != block_of.get(s)
@@ -110,17 +121,23 @@ def plan_graph(module_plan) -> Graph:
 
 
 def _rejection_index(plan) -> dict[tuple[int, int], str]:
-    """Rejections name operators by ``describe()`` strings, which may repeat (Relax reuses
-    variable names such as ``lv``); resolve each to the producer -> consumer edge it is about."""
+    """Each rejection's reason on the producer -> consumer edge it is about."""
+    return {edge: r.describe() for edge, r in _pair_index(plan, plan.rejections).items()}
+
+
+def _pair_index(plan, records) -> dict[tuple[int, int], object]:
+    """Records (rejections, yellow decisions) name operators by ``describe()`` strings, which
+    may repeat (Relax reuses variable names such as ``lv``); resolve each to the producer ->
+    consumer edge it is about (the first record of an edge wins)."""
     by_text: dict[str, list[int]] = {}
     for n in plan.ecg.nodes:
         by_text.setdefault(n.describe(), []).append(n.index)
-    out: dict[tuple[int, int], str] = {}
-    for r in plan.rejections:
+    out: dict[tuple[int, int], object] = {}
+    for r in records:
         for a in by_text.get(r.first, []):
             for b in by_text.get(r.second, []):
                 if b in plan.ecg.nodes[a].succs:
-                    out.setdefault((a, b), r.describe())
+                    out.setdefault((a, b), r)
     return out
 
 
@@ -265,6 +282,14 @@ def render_svg(graph: Graph, view: str, hidden: bool = False) -> str:
                  f"{_e(reason)}</title>") if reason else ""
         data = f' data-edge="{k}"' if reason else ""
         edges.append(f'<path class="{cls}"{data} d="{d}" marker-end="url(#arrow)">{title}</path>')
+    for k, (a, b, verdict, detail) in enumerate(graph.profiled):
+        if a not in places or b not in places:
+            continue
+        (ax, ay), (bx, by) = places[a], places[b]
+        d = f"M{ax + NODE_W},{ay + NODE_H / 2} L{bx + NODE_W},{by + NODE_H / 2}"
+        edges.append(f'<path class="profiled" data-profiled="{k}" d="{d}"><title>'
+                     f"{_e(graph.nodes[a].label)} → {_e(graph.nodes[b].label)}: {_e(verdict)} "
+                     f"({_e(detail)})</title></path>")
     parts.append('<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" '
                  'markerWidth="6" markerHeight="6" orient="auto"><path d="M0,0 L8,4 L0,8 z" '
                  'fill="#666"/></marker></defs>')
@@ -296,12 +321,23 @@ def render_html(ours: Graph, stock: Graph, title: str = "fusion plan",
                     f"<td>{_cell(ours.nodes[b])}</td><td>{_e(reason)}</td></tr>")
     legend = " ".join(f'<span class="key" style="background:{f};border-color:{s}">{_e(k)}</span>'
                       for k, (f, s) in COLOURS.items() if k != "kernel")
+    profiled = [f'<tr data-profiled="{k}"><td>{_cell(ours.nodes[a])}</td>'
+                f"<td>{_cell(ours.nodes[b])}</td><td>{_e(verdict)}: {_e(detail)}</td></tr>"
+                for k, (a, b, verdict, detail) in enumerate(ours.profiled)]
+    removed = [f'<tr class="removed" data-find="{_e((r.into_onnx or (r.into,))[0].lower())}">'
+               f"<td>{_e(r.op)}" + (f'<br><span class="onnx">{_e(", ".join(r.onnx))}</span>'
+                                    if r.onnx else "")
+               + f"</td><td>{_e(r.into)}" + (f'<br><span class="onnx">'
+                                              f'{_e(", ".join(r.into_onnx))}</span>'
+                                              if r.into_onnx else "")
+               + f"</td><td>{_e(r.action)}</td></tr>" for r in ours.removed]
     counts = json.dumps({"tvm_fusion": fused_kernels, "stock": stock_kernels})
     return _PAGE.format(
         title=_e(title), fused=fused_kernels, stock=stock_kernels, legend=legend,
         operators=len(ours.nodes), ours=render_svg(ours, "tvm_fusion"),
         theirs=render_svg(stock, "stock", hidden=True), rows="\n".join(rows),
-        cuts=len(rows), counts=counts, css=_CSS, js=_JS)
+        cuts=len(rows), counts=counts, css=_CSS, js=_JS, removed="\n".join(removed),
+        n_removed=len(removed), profiled="\n".join(profiled), n_profiled=len(profiled))
 
 
 @dataclass
@@ -320,10 +356,14 @@ class FusionPicture:
 
 
 def picture(module_plan, stock_mod, title: str = "fusion plan",
-            fused_kernels: int | None = None) -> FusionPicture:
-    """The page of one planned module against stock FuseOps' fused module."""
-    return FusionPicture(render_html(plan_graph(module_plan), kernel_graph(stock_mod), title,
-                                     fused_kernels, count_kernels(stock_mod)))
+            fused_kernels: int | None = None, layout_blocks=()) -> FusionPicture:
+    """The page of one planned module against stock FuseOps' fused module; ``layout_blocks``
+    are SmartMem's records of the build (the Collector's), whose removed layout operators
+    the page lists."""
+    ours = plan_graph(module_plan)
+    ours.removed = [r for block in layout_blocks for r in getattr(block, "removed", [])]
+    return FusionPicture(render_html(ours, kernel_graph(stock_mod), title, fused_kernels,
+                                     count_kernels(stock_mod)))
 
 
 def visualize(mod_or_model, target="llvm", title: str | None = None, **options) -> FusionPicture:
@@ -340,7 +380,8 @@ def visualize(mod_or_model, target="llvm", title: str | None = None, **options) 
     if not collector.plans:
         raise ValueError("visualize: the planner recorded no plan (strategy='tvm' has none)")
     stock = fuse(mod, target, strategy="tvm")
-    return picture(collector.plans[0], stock, title or "fusion plan", count_kernels(fused))
+    return picture(collector.plans[0], stock, title or "fusion plan", count_kernels(fused),
+                   collector.layout_blocks)
 
 
 def _cell(node: Node) -> str:
@@ -378,6 +419,7 @@ path.in,path.link{fill:none;stroke:#999;stroke-width:1}
 path.link{stroke:#5a6b7d;stroke-width:1.2}
 path.cut{fill:none;stroke:#c0392b;stroke-width:1.4;stroke-dasharray:5 3;cursor:pointer}
 path.cut:hover,path.cut.sel{stroke-width:3.5}
+path.profiled{fill:none;stroke:#2e7d32;stroke-width:2}
 g.op.hit rect{fill:#fff59d;stroke:#333}
 table{border-collapse:collapse;width:100%;font-size:12px}
 td,th{border-bottom:1px solid #ddd;padding:3px;text-align:left;vertical-align:top}
@@ -406,6 +448,10 @@ _JS = """
     r.onclick=function(){select(r.getAttribute('data-edge'));show('tvm_fusion');
       var p=document.querySelector('path[data-edge="'+r.getAttribute('data-edge')+'"]');
       if(p){p.scrollIntoView({block:'center',inline:'center'});}};});
+  document.querySelectorAll('tr.removed').forEach(function(r){r.onclick=function(){
+    var s=document.getElementById('search');s.value=r.getAttribute('data-find');
+    s.dispatchEvent(new Event('input'));show('tvm_fusion');
+    var hit=document.querySelector('g.op.hit');if(hit){hit.scrollIntoView({block:'center'});}};});
   document.getElementById('search').oninput=function(e){var q=e.target.value.toLowerCase();
     document.querySelectorAll('g.op').forEach(function(g){
       g.classList.toggle('hit',q.length>0&&g.getAttribute('data-name').indexOf(q)>=0);});};
@@ -416,7 +462,7 @@ _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>{css}</style></head><body>
 <header><h1>{title}: {operators} operators as planned, tvm_fusion {fused} kernels,
-stock FuseOps {stock} kernels</h1>
+stock FuseOps {stock} kernels, {n_removed} layout operators removed</h1>
 <button id="toggle">toggle tvm_fusion / stock FuseOps</button> showing <b id="which">tvm_fusion</b>
 &nbsp; <input id="search" placeholder="find operator or ONNX node" size="24">
 &nbsp; anchor: {legend}
@@ -428,6 +474,14 @@ stock FuseOps {stock} kernels</h1>
 </div><aside><h3>{cuts} edges between kernels, and why</h3>
 <table><tr><th>producer</th><th>consumer</th><th>why not fused</th></tr>
 {rows}
+</table>
+<h3>{n_profiled} pairs a profile decided (fused vs apart)</h3>
+<table id="profiled"><tr><th>producer</th><th>consumer</th><th>verdict: measured times</th></tr>
+{profiled}
+</table>
+<h3>{n_removed} layout operators SmartMem removed</h3>
+<table id="removed"><tr><th>removed</th><th>its indexing now done by</th><th>Table 5</th></tr>
+{removed}
 </table></aside></main>
 <script>{js}</script>
 </body></html>

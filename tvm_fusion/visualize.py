@@ -93,7 +93,7 @@ def plan_graph(module_plan) -> Graph:
             onnx_nodes = node_names(n.var)
             origin = (f"; ONNX: {', '.join(onnx_nodes)}" if onnx_nodes else
                       "; no ONNX node: inserted by a pass" if "layout_transform" in n.op_name
-                      else "")
+                      else "; created by rewriting" if n.name.startswith("rw") else "")
             graph.nodes.append(Node(n.op_name, n.name,
                                     f"{n.name} = {n.op_name} [{n.mapping_type.short}] "
                                     f"({func}, dataflow block {block_index}){origin}; "

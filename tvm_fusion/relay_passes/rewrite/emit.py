@@ -99,22 +99,19 @@ class BlockRewriter(relax.PyExprMutator):
         return self._bind(node, value)
 
     def _created_span(self, node: Node):
-        """A created node computes (part of) the results of the original nodes it feeds
-        through other created nodes: their ONNX names (tvm_fusion.onnx_names)."""
+        """A created node computes (part of) the results of the original nodes that became
+        it or the created nodes it feeds (their ``alias``): their ONNX names
+        (tvm_fusion.onnx_names); None when it replaces no named original."""
         names: list[str] = []
         seen, stack = {node}, [node]
         while stack:
             current = stack.pop()
-            for user in list(current.users) + self._aliased_by.get(current, []):
-                if user in seen:
-                    continue
-                seen.add(user)
-                if getattr(user, "var", None) is None:
+            for original in self._aliased_by.get(current, []):
+                names += [n for n in node_names(original.var) if n not in names]
+            for user in current.users:
+                if user not in seen and getattr(user, "var", None) is None:
+                    seen.add(user)
                     stack.append(user)
-                    continue
-                for name in node_names(user.var):
-                    if name not in names:
-                        names.append(name)
         return joined_span(names)
 
     def _bind(self, node: Node, value) -> relax.Var:
@@ -123,7 +120,10 @@ class BlockRewriter(relax.PyExprMutator):
             span = self._created_span(node)
             if span is None:
                 return self.builder_.emit(value, "rw")
-            return bind_like(self.builder_, relax.DataflowVar("rw", None), value, span)
+            value = self.builder_.normalize(value)
+            new = relax.DataflowVar(self.builder_.get_unique_name("rw"), value.ty, span)
+            self.builder_.emit_normalized(relax.VarBinding(new, value))
+            return new
         new = bind_like(self.builder_, old, value)  # its name, kind and ONNX name (span)
         self.set_var_remap(old, new)
         return new

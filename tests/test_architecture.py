@@ -65,7 +65,8 @@ LAYERS = {
     "helpers": ("tvm_fusion.options", "tvm_fusion.instrument", "tvm_fusion.tir_utils",
                 "tvm_fusion.symbolic", "tvm_fusion.target", "tvm_fusion.devices",
                 "tvm_fusion.native_log", "tvm_fusion.atomic", "tvm_fusion.threads",
-                "tvm_fusion.feeds", "tvm_fusion.numerics", "tvm_fusion.models"),
+                "tvm_fusion.feeds", "tvm_fusion.numerics", "tvm_fusion.models",
+                "tvm_fusion.onnx_names"),
 }
 
 

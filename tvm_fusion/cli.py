@@ -22,13 +22,14 @@ from . import report as reporting  # reporting.make_report is looked up per call
 from .bench import ALL_VARIANTS, check_variants, run_bench
 from .bench import to_markdown as bench_markdown
 from .compile import compile_model, import_onnx, load_onnx
-from .devices import require_device
+from .devices import require_codegen, require_device
 from .feeds import shape_names, shapes_for
 from .models import BUILTIN_MODELS, get_builtin
 from .options import Options, parse_cli_options
 from .target import NATIVE, host_target, to_target
 from .threads import use_physical_cores
 from .tuning import db_cli, tune_cli  # tune_cli.compile_tuned_cmd: looked up per call (tests)
+from .tuning.rpc import export_library
 from .visualize import picture
 from .zoo import to_markdown as zoo_markdown
 from .zoo import write_outputs, zoo_models, zoo_reports
@@ -237,6 +238,7 @@ def _check_target(target: str) -> None:
     """``--target`` checked up front, so a typo fails before minutes of compiling."""
     try:
         to_target(target)
+        require_codegen(target)  # a missing code generator or a CPU of another architecture
     except ValueError as err:
         raise ValueError(f"--target: {err}") from None
 
@@ -280,7 +282,9 @@ def _cmd_compile(args) -> int:
     _check_target(args.target)
     mod = import_onnx(load_onnx(args.model))
     executable = compile_model(mod, args.target, **options)
-    executable.export_library(output)
+    # for another machine's CPU (an aarch64 mtriple): its cross compiler links the .so, or a
+    # .tar of objects; the host's g++ cannot link them
+    export_library(executable, output, to_target(args.target))
     print(f"wrote {args.output}")
     return 0
 
@@ -345,7 +349,7 @@ def _write_picture(path: str, artifacts: dict, report) -> None:
                          "drop --strategy tvm")
     start = time.perf_counter()
     picture(artifacts["plan"], artifacts["stock_mod"], report.name,
-            report.fused_kernels).save(path)
+            report.fused_kernels, artifacts.get("layout_blocks", ())).save(path)
     print(f"wrote {path} (drawn in {time.perf_counter() - start:.2f} s)", file=sys.stderr)
 
 

@@ -2,9 +2,10 @@
 
 A build runs four phases; each function below returns one of them for a target::
 
-    graph      graph_phase      rewriting → conv packing → TVM's legalisation → SmartMem's
-                                elimination → mapping types → planning (DNNFusion, Apollo or
-                                stock FuseOps) → FuseTIR → [CPU: ScheduleFusedBlocks]
+    graph      graph_phase      rewriting → Gather index clamping → conv packing → TVM's
+                                legalisation → SmartMem's elimination → mapping types →
+                                planning (DNNFusion, Apollo or stock FuseOps) → FuseTIR →
+                                [CPU: ScheduleFusedBlocks]
     schedule   schedule_passes  CPU: nothing more; GPU: OptiFX's template, else DLight;
                                 Adreno: texture scopes, texel-per-thread schedules
     lowering   lowering         TVM's own dataflow lowering and finalisation for the target
@@ -42,6 +43,7 @@ from .relay_passes.fusion_plan import PlanOptions
 from .relay_passes.mapping_type import AnnotateMappingType
 from .relay_passes.plan_fusion import PlanFusion
 from .relay_passes.rewrite.math_properties import RewriteByMathProperties
+from .relay_passes.take_bounds import ClampTakeIndices
 from .tir_schedules.fused_block import ScheduleFusedBlocks
 from .tir_schedules.gpu import apply_gpu_schedules
 
@@ -88,6 +90,8 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
     if ours and rewriting.rewrite:
         passes.append(RewriteByMathProperties(rewriting.rewrite_rules,
                                               rewriting.allow_fp_reassociation))
+    if ours:  # Gather indices from the inputs: clamped, never read outside the data
+        passes.append(ClampTakeIndices())
     if strategy == "dnnfusion":  # §6 inter-block layout: packed convs on CPU
         # OptiFX's templates take NCHW region ops: with conv_chains on, "auto" keeps NCHW
         layout = smartmem.conv_layout

@@ -101,7 +101,7 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     if check:  # before minutes of building: the check runs the model on the target's device
         require_device(target, "the check runs the model: pass check=False (--no-check) to "
                                "plan and compile without running")
-    mod = import_onnx(model)
+    mod = import_onnx(model, node_names=True)  # the picture names operators by ONNX node
     stock_mod = fuse(mod, target, strategy="tvm")
     collector = Collector()
     with tvm.transform.PassContext(instruments=[collector]):
@@ -112,7 +112,8 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     original = _plan_only(mod, target, options.get("symbolic_hint"))
     module_plan = record[0] if record else original
     if artifacts is not None:
-        artifacts.update(plan=record[0] if record else None, stock_mod=stock_mod)
+        artifacts.update(plan=record[0] if record else None, stock_mod=stock_mod,
+                         layout_blocks=list(collector.layout_blocks))
     nodes = [n for p in original.plans.values() for n in p.ecg.nodes]
 
     report = ModelReport(

@@ -228,7 +228,7 @@ class OpenCLRunner:
             objects[name] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE,
                                       max(count, 1) * lanes * self._device_dtype(dtype).itemsize)
         for launch in compiled.launches:
-            kernel = getattr(program, launch.kernel)
+            kernel = cl.Kernel(program, launch.kernel)  # attribute access warns when repeated
             kernel.set_args(*[objects[a] for a in launch.args])
             cl.enqueue_nd_range_kernel(self.queue, kernel, launch.global_size, launch.local_size)
         self.queue.finish()

@@ -57,7 +57,8 @@ LAYERS = {
              "tvm_fusion.visualize", "tvm_fusion.zoo", "tvm_fusion.export_models",
              "tvm_fusion.fuzz", "tvm_fusion.testing", "tvm_fusion.tuning.tune_cli",
              "tvm_fusion.tuning.db_cli"),
-    "driver": ("tvm_fusion.compile", "tvm_fusion.memory", "tvm_fusion.tuning.tune", *DRIVERS_IN_PASS_PACKAGES),
+    "driver": ("tvm_fusion.compile", "tvm_fusion.memory", "tvm_fusion.tuning.tune",
+               *DRIVERS_IN_PASS_PACKAGES),
     "transform": ("tvm_fusion.transform",),
     "profiling": ("tvm_fusion.tuning",),  # what transform hands the planners
     "pipeline": ("tvm_fusion.pipeline",),

@@ -1,0 +1,562 @@
+"""Fused attention on CPU: online softmax over key tiles, never a score matrix in memory.
+
+A planned attention block reaches the schedule as one PrimFunc (FuseTIR's output);
+:func:`~.attention_match.match_attention` reads its pieces (Q, K, V, the score function, the
+output store) from the TIR. This template then *generates* the loop nest, FlashAttention-style
+(Dao et al.; the CPU form of its algorithm 1):
+
+* one task per (batch…, block of ``bq`` query rows); tasks run in parallel;
+* the query block is packed once (``Qp[bq, dk]``, float32); a running maximum ``m``, running
+  sum ``l`` and an accumulator ``acc[bq, dv]`` per row start at the max reduction's initial
+  value, 0 and 0;
+* per tile of ``bk`` keys: K is packed transposed (``Kt[dk, bk]``, keys contiguous) and V packed
+  (``Vp[bk, dv]``); ``S = Qp·Kt`` by a register micro-kernel (``mr`` rows × ``nr`` keys in
+  registers, the query broadcast, the keys vectorised); the score function (scale, masks,
+  biases) is applied to the tile, the row maximum updated (``m' = max(m, max S)``), the tile
+  exponentiated against it, and the sum and accumulator rescaled by ``exp(m - m')``;
+  ``acc += P·Vp`` by a second micro-kernel (``mr`` rows × ``nv`` value columns);
+* at the end ``out = acc / l``, stored through the output's index map (the head merge).
+
+The tiles are sized from the target: ``bk`` so that a packed K or V tile fills half of L1,
+``bq`` so that the query block, its scores and accumulator and both packed tiles fill half of
+L2 (:class:`AttentionTiles`). Every tile buffer is per task (``bq × bk`` scores at most): no
+buffer grows with the square of the sequence length. Sequence lengths may be symbolic: the
+last query block and key tile are partial (their padding is zero and never stored).
+
+**Masked tiles are skipped**, exactly: where the score function provably takes a value ``g(s)``
+that does not depend on the position on a whole tile (a causal ``Where`` or additive ``triu``
+mask above the diagonal, found by simplifying the score under each index condition it tests),
+the tile is skipped when ``exp(g(s) - m) == 0`` in float32 for every row's current maximum
+``m`` (a runtime check; with ``g`` depending on ``s``, the bound ``|s| ≤ dk·max|q|·max|k|``
+from finite inputs). Skipped elements then contribute exactly 0, as they do unfused, and NaN
+or infinite inputs are never skipped (so a NaN still reaches the output as it does unfused).
+
+IEEE behaviour is that of the unfused operators: the running max starts where TOPI's max
+reduction does (the lowest finite float), so a row of ``-inf`` scores gives ``0/0 = NaN`` as
+softmax does, and NaN scores propagate through the sum.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import tvm
+from tvm import sym, tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
+
+from ..tir_utils import buffer_loads, find_all
+from .attention_match import (
+    F32,
+    AttentionPattern,
+    free_vars,
+    simplify_index,
+    substitute,
+)
+from .cpu_target import CpuParams
+
+# exp(x) is exactly 0 in float32 below about -103.97 (libm and fast_math alike); the skip test
+# asks for this much more margin
+_UNDERFLOW = 128.0
+_MAX_BQ = 128
+
+__all__ = ["AttentionTiles", "MaskRegion", "build_cpu_attention", "choose_tiles",
+           "mask_regions"]
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    """Query rows per task, keys per tile and the two register tiles."""
+
+    bq: int  # query rows per task (a multiple of mr)
+    bk: int  # keys per tile (a multiple of nr)
+    mr: int  # rows of both register tiles
+    nr: int  # keys of the Q·Kᵀ register tile (a multiple of the SIMD lanes)
+    nv: int  # value columns of the P·V register tile (a multiple of the SIMD lanes)
+    lanes: int
+
+    def describe(self) -> str:
+        return (f"{self.bq} query rows x {self.bk} keys per tile; registers {self.mr}x{self.nr} "
+                f"(Q.K^T), {self.mr}x{self.nv} (P.V)")
+
+
+def _ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def choose_tiles(pattern: AttentionPattern, params: CpuParams,
+                 rows_hint: int | None = None) -> AttentionTiles:
+    """Tiles from the target: register tiles from the SIMD width and register budget, ``bk``
+    so that a packed K (or V) tile takes half of L1, ``bq`` so that the task's working set
+    takes half of L2; ``rows_hint`` (the query length, when known) keeps ``bq`` no larger."""
+    lanes = params.lanes
+    mr = max(params.registers // 2, 1)  # two vectors of keys per row: mr·2 accumulators
+    nr = 2 * lanes
+    dvp = _ceil_to(pattern.dv, lanes)
+    nv = 2 * lanes if dvp % (2 * lanes) == 0 else lanes
+    dk, elem = pattern.dk, 4
+    l1, l2 = params.l1d_bytes, params.l2_bytes
+    bk = max(nr, (l1 // 2) // (max(dk, dvp) * elem) // nr * nr)
+    bk = min(bk, 4 * nr)
+    per_row = (dk + bk + dvp) * elem
+    fixed = bk * (dk + dvp) * elem
+    bq = max(mr, ((l2 // 2 - fixed) // per_row) // mr * mr)
+    bq = min(bq, _MAX_BQ // mr * mr or mr)
+    if rows_hint is not None:
+        bq = min(bq, _ceil_to(max(rows_hint, 1), mr))
+    return AttentionTiles(bq, bk, mr, nr, nv, lanes)
+
+
+# ------------------------------------------------------------------------------ masked tiles
+
+
+@dataclass(frozen=True)
+class MaskRegion:
+    """Where the score is ``value`` (a function of ``s`` at most): ``cond == polarity`` on
+    every point of a tile; ``cond`` compares affine functions of the row ``i`` and key ``j``."""
+
+    cond: object
+    polarity: bool
+    value: object  # float32 over s (and scalar loads)
+    slope: object | None  # value = slope·s + offset, or None when value does not read s
+    offset: object
+
+
+def mask_regions(pattern: AttentionPattern) -> list[MaskRegion]:
+    """The index conditions of the score function under which it stops depending on the
+    position (a causal or sliding-window mask), each with the value it takes there."""
+    ana = pattern.analyzer()
+    conds = []
+    for node in find_all(pattern.score, (tirx.LT, tirx.LE, tirx.GT, tirx.GE)):
+        names = free_vars(node)
+        if buffer_loads(node) or not names:
+            continue
+        if not all(v.same_as(pattern.i) or v.same_as(pattern.j) or _is_size(v, pattern)
+                   for v in names):
+            continue
+        if not any(v.same_as(pattern.j) for v in names):
+            continue
+        if not any(_equal(node, c) for c in conds):
+            conds.append(node)
+    regions = []
+    for cond in conds:
+        for polarity in (True, False):
+            value = _fold_condition(pattern.score, cond, polarity, ana)
+            if _position_free(value, pattern):
+                slope, offset = _affine_in(value, pattern.s, ana)
+                if slope is None and any(v.same_as(pattern.s) for v in free_vars(value)):
+                    continue
+                regions.append(MaskRegion(cond, polarity, value, slope, offset))
+    return regions
+
+
+def _is_size(var, pattern: AttentionPattern) -> bool:
+    """A symbolic size (``seq``), not an index."""
+    return not any(var.same_as(v) for v in pattern.ranges()) and not var.same_as(pattern.s)
+
+
+def _equal(a, b) -> bool:
+    import tvm_ffi
+
+    return bool(tvm_ffi.structural_equal(a, b))
+
+
+def _fold_condition(expr, cond, polarity: bool, ana):
+    import tvm_ffi
+
+    value = tirx.const(1 if polarity else 0, "bool")
+
+    def fold(node):
+        return value if _equal(node, cond) else node
+
+    folded = tvm_ffi.structural_map(expr, [((tirx.LT, tirx.LE, tirx.GT, tirx.GE), fold)])
+    return ana.simplify(folded)
+
+
+def _position_free(value, pattern: AttentionPattern) -> bool:
+    """No index variable, no load at an index that depends on one."""
+    for var in free_vars(value):
+        if not (var.same_as(pattern.s) or _is_size(var, pattern)):
+            return False
+    return True
+
+
+def _affine_in(value, s, ana):
+    """(slope, offset) with value = slope·s + offset, or (None, value) if ``s`` is absent;
+    (None, None) when ``value`` is not affine in ``s``."""
+    if not any(v.same_as(s) for v in free_vars(value)):
+        return None, value
+    zero = ana.simplify(substitute(value, {s: tirx.const(0.0, F32)}))
+    one = ana.simplify(substitute(value, {s: tirx.const(1.0, F32)}))
+    slope = ana.simplify(one - zero)
+    # check at another point: affine functions agree, anything else is refused
+    two = ana.simplify(substitute(value, {s: tirx.const(2.0, F32)}))
+    if not _equal(ana.simplify(zero + slope * tirx.const(2.0, F32)), two) or any(
+            v.same_as(s) for v in free_vars(slope)):
+        return None, None
+    return slope, zero
+
+
+def _box_condition(cond, polarity: bool, pattern: AttentionPattern, i_lo, i_hi, j_lo, j_hi):
+    """A TIR condition true when ``cond == polarity`` on every point of the box
+    ``[i_lo, i_hi] × [j_lo, j_hi]`` (inclusive), or None when ``cond`` is not affine in i, j."""
+    i, j = pattern.i, pattern.j
+    # normalise to e(i, j) < 0 / <= 0 with e affine
+    if isinstance(cond, tirx.LT):
+        e, strict = cond.a - cond.b, True
+    elif isinstance(cond, tirx.LE):
+        e, strict = cond.a - cond.b, False
+    elif isinstance(cond, tirx.GT):
+        e, strict = cond.b - cond.a, True
+    else:
+        e, strict = cond.b - cond.a, False
+    coeffs = sym.detect_linear_equation(e, [i, j])
+    if len(coeffs) != 3:
+        return None
+    ci, cj, c0 = coeffs
+    if not isinstance(ci, tirx.IntImm) or not isinstance(cj, tirx.IntImm):
+        return None
+    ci, cj = int(ci.value), int(cj.value)
+
+    def extreme(high: bool):
+        total = c0
+        for coef, lo, hi in ((ci, i_lo, i_hi), (cj, j_lo, j_hi)):
+            if coef:
+                total = total + coef * ((hi if (coef > 0) == high else lo))
+        return total
+
+    if polarity:  # e < 0 (or <= 0) everywhere: its maximum
+        top = extreme(True)
+        return top < 0 if strict else top <= 0
+    low = extreme(False)  # the condition false everywhere: e >= 0 (or > 0) at its minimum
+    return low >= 0 if strict else low > 0
+
+
+# --------------------------------------------------------------------------------- emitting
+
+
+def _at(expr, pattern: AttentionPattern, batch, i=None, j=None, k=None, d=None, s=None,
+        o=None):
+    mapping = dict(zip(pattern.batch, batch))
+    for var, value in ((pattern.i, i), (pattern.j, j), (pattern.k, k), (pattern.d, d),
+                       (pattern.s, s), (pattern.o, o)):
+        if value is not None:
+            mapping[var] = value
+    return substitute(expr, mapping)
+
+
+def _i64(x):
+    return tirx.const(x, "int64") if isinstance(x, int) else x
+
+
+def build_cpu_attention(pattern: AttentionPattern, params: CpuParams,
+                        tiles: AttentionTiles | None = None) -> tuple[tirx.PrimFunc, list[str]]:
+    """The attention as one generated PrimFunc with ``pattern.func``'s signature, and notes."""
+    tiles = tiles or choose_tiles(pattern, params, _static(pattern.sq))
+    emitter = _CpuEmitter(pattern, tiles)
+    body = emitter.emit()
+    func = pattern.func
+    result = tirx.PrimFunc(list(func.params), body, func.ret_type, func.attrs)
+    result = result.with_attr("tirx.noalias", True)
+    notes = [f"attention (online softmax): {tiles.describe()}; "
+             f"{len(emitter.regions)} masked-tile test(s)"]
+    return result, notes
+
+
+def _static(expr) -> int | None:
+    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
+
+
+class _CpuEmitter:
+    def __init__(self, pattern: AttentionPattern, tiles: AttentionTiles):
+        self.p = pattern
+        self.t = tiles
+        self.dvp = _ceil_to(pattern.dv, tiles.lanes)
+        self.regions = mask_regions(pattern)
+
+    # ------------------------------------------------------------------ the loop nest
+
+    def emit(self):
+        p, t = self.p, self.t
+        itype = str(p.i.ty)
+        bq, bk, dk, dvp = t.bq, t.bk, p.dk, self.dvp
+        sq, sk = p.sq, p.sk
+        n_qb = tirx.floordiv(sq + (bq - 1), bq)
+        n_kt = tirx.floordiv(sk + (bk - 1), bk)
+        tasks = n_qb
+        for ext in p.batch_extents:
+            tasks = tasks * ext
+        with IRBuilder() as ib:
+            with T.parallel(tirx.const(0, itype), tasks) as task:
+                qb = tirx.floormod(task, n_qb)
+                rest = tirx.floordiv(task, n_qb)
+                batch = []
+                for ext in reversed(p.batch_extents):
+                    batch.append(tirx.floormod(rest, ext))
+                    rest = tirx.floordiv(rest, ext)
+                batch = batch[::-1]
+                i0 = qb * bq
+                nq = tirx.min(tirx.const(bq, itype), sq - i0)
+                qp = T.alloc_buffer((bq, dk), F32, scope="local")
+                kt = T.alloc_buffer((dk, bk), F32, scope="local")
+                vp = T.alloc_buffer((bk, dvp), F32, scope="local")
+                sc = T.alloc_buffer((bq, bk), F32, scope="local")
+                acc = T.alloc_buffer((bq, dvp), F32, scope="local")
+                mrow = T.alloc_buffer((bq,), F32, scope="local")
+                lrow = T.alloc_buffer((bq,), F32, scope="local")
+                corr = T.alloc_buffer((bq,), F32, scope="local")
+                stats = T.alloc_buffer((4,), F32, scope="local")  # qmax, qfinite, kmax, kfinite
+                self._pack_query(qp, batch, i0, nq, stats)
+                with T.serial(0, bq) as r:
+                    T.buffer_store(mrow, p.m_init, [r])
+                    T.buffer_store(lrow, tirx.const(0.0, F32), [r])
+                    with T.serial(0, dvp) as c:
+                        T.buffer_store(acc, tirx.const(0.0, F32), [r, c])
+                with T.serial(tirx.const(0, itype), n_kt) as kb:
+                    j0 = kb * bk
+                    nk = tirx.min(tirx.const(bk, itype), sk - j0)
+                    skip = self._skip_condition(batch, i0, nq, j0, nk, mrow, stats, kt)
+                    if skip is None:
+                        self._tile(qp, kt, vp, sc, acc, mrow, lrow, corr, batch, i0, nq, j0, nk)
+                    else:
+                        with T.If(tirx.Not(skip)):
+                            with T.Then():
+                                self._tile(qp, kt, vp, sc, acc, mrow, lrow, corr, batch, i0,
+                                           nq, j0, nk)
+                self._store(acc, lrow, batch, i0, nq)
+        return ib.get()
+
+    # ----------------------------------------------------------------- packing
+
+    def _pack_query(self, qp, batch, i0, nq, stats):
+        p, t = self.p, self.t
+        T.buffer_store(stats, tirx.const(0.0, F32), [0])
+        T.buffer_store(stats, tirx.const(1.0, F32), [1])
+        with T.serial(0, t.bq) as r:
+            with T.If(r < nq):
+                with T.Then():
+                    with T.serial(0, p.dk) as c:
+                        x = _at(p.query, p, batch, i=i0 + r, k=c)
+                        T.buffer_store(qp, x, [r, c])
+                with T.Else():
+                    with T.serial(0, p.dk) as c:
+                        T.buffer_store(qp, tirx.const(0.0, F32), [r, c])
+        if self._needs_bounds():
+            with T.serial(0, t.bq) as r:
+                with T.If(r < nq):
+                    with T.Then():
+                        with T.serial(0, p.dk) as c:
+                            self._track(stats, 0, qp[r, c])
+
+    def _track(self, stats, base: int, x):
+        """stats[base] = max |x|, stats[base + 1] = 0 once a value is not finite."""
+        T.buffer_store(stats, tirx.max(stats[base], tirx.abs(x)), [base])
+        T.buffer_store(stats, tirx.Select(tirx.isfinite(x), stats[base + 1],
+                                          tirx.const(0.0, F32)), [base + 1])
+
+    def _needs_bounds(self) -> bool:
+        return any(r.slope is not None for r in self.regions)
+
+    def _pack_keys(self, kt, vp, batch, j0, nk):
+        p, t = self.p, self.t
+        with T.serial(0, t.bk) as c:
+            with T.If(c < nk):
+                with T.Then():
+                    with T.serial(0, p.dk) as kk:
+                        T.buffer_store(kt, _at(p.key, p, batch, j=j0 + c, k=kk), [kk, c])
+                    with T.serial(0, p.dv) as dd:
+                        T.buffer_store(vp, _at(p.value, p, batch, j=j0 + c, d=dd), [c, dd])
+                    for dd in range(p.dv, self.dvp):
+                        T.buffer_store(vp, tirx.const(0.0, F32), [c, dd])
+                with T.Else():
+                    with T.serial(0, p.dk) as kk:
+                        T.buffer_store(kt, tirx.const(0.0, F32), [kk, c])
+                    with T.serial(0, self.dvp) as dd:
+                        T.buffer_store(vp, tirx.const(0.0, F32), [c, dd])
+
+    # -------------------------------------------------------------- masked tiles
+
+    def _skip_condition(self, batch, i0, nq, j0, nk, mrow, stats, kt):
+        """None when no tile can be skipped; else a condition, evaluated per tile."""
+        if not self.regions:
+            return None
+        p, t = self.p, self.t
+        i_hi, j_hi = i0 + nq - 1, j0 + nk - 1
+        tests = []
+        for region in self.regions:
+            box = _box_condition(region.cond, region.polarity, p, i0, i_hi, j0, j_hi)
+            if box is None:
+                continue
+            tests.append((region, box))
+        if not tests:
+            return None
+        # every row's current maximum: the smallest one decides
+        mmin = T.alloc_buffer((1,), F32, scope="local")
+        T.buffer_store(mmin, tirx.max_value(F32), [0])
+        with T.serial(0, t.bq) as r:
+            with T.If(r < nq):
+                with T.Then():
+                    T.buffer_store(mmin, tirx.min(mmin[0], mrow[r]), [0])
+        any_bounds = any(region.slope is not None for region, _ in tests)
+        if any_bounds:  # max |k| and finiteness of the key tile, for g(s) = a·s + c
+            T.buffer_store(stats, tirx.const(0.0, F32), [2])
+            T.buffer_store(stats, tirx.const(1.0, F32), [3])
+            boxes = tirx.const(False, "bool")
+            for _, box in tests:
+                boxes = tirx.Or(boxes, box)
+            with T.If(boxes):
+                with T.Then():
+                    with T.serial(0, t.bk) as c:
+                        with T.If(c < nk):
+                            with T.Then():
+                                with T.serial(0, p.dk) as kk:
+                                    self._track(stats, 2, _at(p.key, p, batch, j=j0 + c, k=kk))
+        skip = tirx.const(False, "bool")
+        for region, box in tests:
+            if region.slope is None:
+                upper = region.offset
+                ok = box
+            else:
+                bound = (tirx.const(float(p.dk) * (1.0 + 2.0 ** -8), F32) * stats[0] * stats[2]
+                         + tirx.const(1e-30, F32))
+                upper = tirx.abs(region.slope) * bound + region.offset
+                ok = tirx.And(box, tirx.And(stats[1] > 0.5, stats[3] > 0.5))
+            # exp(upper - m) == 0 for every row: m >= mmin
+            ok = tirx.And(ok, upper - mmin[0] < tirx.const(-_UNDERFLOW, F32))
+            skip = tirx.Or(skip, ok)
+        return skip
+
+    # ------------------------------------------------------------------ one key tile
+
+    def _tile(self, qp, kt, vp, sc, acc, mrow, lrow, corr, batch, i0, nq, j0, nk):
+        self._pack_keys(kt, vp, batch, j0, nk)
+        self._scores(qp, kt, sc)
+        self._online_softmax(sc, mrow, lrow, corr, batch, i0, nq, j0, nk)
+        self._accumulate(sc, vp, acc, corr)
+
+    def _scores(self, qp, kt, sc):
+        """sc = qp · kt with an mr × nr register tile (keys vectorised)."""
+        p, t = self.p, self.t
+        vecs = t.nr // t.lanes
+        with T.serial(0, t.bq // t.mr) as rg:
+            with T.serial(0, t.bk // t.nr) as cg:
+                reg = T.alloc_buffer((t.mr, t.nr), F32, scope="local")
+                with T.unroll(0, t.mr) as r:
+                    with T.unroll(0, vecs) as v:
+                        with T.vectorized(0, t.lanes) as ln:
+                            T.buffer_store(reg, tirx.const(0.0, F32), [r, v * t.lanes + ln])
+                with T.serial(0, p.dk) as kk:
+                    with T.unroll(0, t.mr) as r:
+                        with T.unroll(0, vecs) as v:
+                            with T.vectorized(0, t.lanes) as ln:
+                                col = v * t.lanes + ln
+                                T.buffer_store(reg, reg[r, col] + qp[rg * t.mr + r, kk]
+                                               * kt[kk, cg * t.nr + col], [r, col])
+                with T.unroll(0, t.mr) as r:
+                    with T.unroll(0, vecs) as v:
+                        with T.vectorized(0, t.lanes) as ln:
+                            col = v * t.lanes + ln
+                            T.buffer_store(sc, reg[r, col], [rg * t.mr + r, cg * t.nr + col])
+
+    def _online_softmax(self, sc, mrow, lrow, corr, batch, i0, nq, j0, nk):
+        p, t = self.p, self.t
+        lanes = t.lanes
+        with T.serial(0, t.bq) as r:
+            with T.If(r < nq):
+                with T.Then():
+                    i = i0 + r
+                    with T.If(nk == t.bk):
+                        with T.Then():
+                            self._row(sc, mrow, lrow, corr, r, batch, i, j0, t.bk, lanes)
+                        with T.Else():
+                            self._row(sc, mrow, lrow, corr, r, batch, i, j0, nk, 1)
+                with T.Else():
+                    T.buffer_store(corr, tirx.const(1.0, F32), [r])
+                    with T.serial(0, t.bk) as c:
+                        T.buffer_store(sc, tirx.const(0.0, F32), [r, c])
+
+    def _row(self, sc, mrow, lrow, corr, r, batch, i, j0, count, lanes):
+        """One row of the tile: scores, running max, exponentials, running sum. ``lanes`` > 1
+        is the full tile (vectorised, ``count`` a constant); 1 is the partial last tile."""
+        p, t = self.p, self.t
+        m_old = mrow[r]
+        part = T.alloc_buffer((lanes,), F32, scope="local")
+        with T.vectorized(0, lanes) as ln:
+            T.buffer_store(part, m_old, [ln])
+        outer = count // lanes if isinstance(count, int) else count
+        tmp = T.alloc_buffer((lanes,), F32, scope="local")  # one value, read twice
+        with T.serial(0, outer) as co:
+            with T.vectorized(0, lanes) as ln:
+                c = co * lanes + ln
+                T.buffer_store(tmp, _at(p.score, p, batch, i=i, j=j0 + c, s=sc[r, c]), [ln])
+                T.buffer_store(sc, tmp[ln], [r, c])
+                T.buffer_store(part, tirx.max(part[ln], tmp[ln]), [ln])
+        m_new = T.alloc_buffer((1,), F32, scope="local")
+        T.buffer_store(m_new, part[0], [0])
+        for ln in range(1, lanes):
+            T.buffer_store(m_new, tirx.max(m_new[0], part[ln]), [0])
+        with T.vectorized(0, lanes) as ln:
+            T.buffer_store(part, tirx.const(0.0, F32), [ln])
+        with T.serial(0, outer) as co:
+            with T.vectorized(0, lanes) as ln:
+                c = co * lanes + ln
+                T.buffer_store(tmp, tirx.exp(sc[r, c] - m_new[0]), [ln])
+                T.buffer_store(sc, tmp[ln], [r, c])
+                T.buffer_store(part, part[ln] + tmp[ln], [ln])
+        if not isinstance(count, int):  # the partial tile: padding keys weigh nothing
+            with T.serial(count, t.bk) as c:
+                T.buffer_store(sc, tirx.const(0.0, F32), [r, c])
+        total = T.alloc_buffer((1,), F32, scope="local")
+        T.buffer_store(total, part[0], [0])
+        for ln in range(1, lanes):
+            T.buffer_store(total, total[0] + part[ln], [0])
+        scale = tirx.exp(m_old - m_new[0])
+        T.buffer_store(corr, scale, [r])
+        T.buffer_store(lrow, lrow[r] * corr[r] + total[0], [r])
+        T.buffer_store(mrow, m_new[0], [r])
+
+    def _accumulate(self, sc, vp, acc, corr):
+        """acc = acc·corr + sc · vp, an mr × nv register tile (values vectorised)."""
+        t = self.t
+        vecs = t.nv // t.lanes
+        with T.serial(0, t.bq // t.mr) as rg:
+            with T.serial(0, self.dvp // t.nv) as cg:
+                reg = T.alloc_buffer((t.mr, t.nv), F32, scope="local")
+                with T.unroll(0, t.mr) as r:
+                    with T.unroll(0, vecs) as v:
+                        with T.vectorized(0, t.lanes) as ln:
+                            row, col = rg * t.mr + r, cg * t.nv + v * t.lanes + ln
+                            T.buffer_store(reg, acc[row, col] * corr[row], [r, v * t.lanes + ln])
+                with T.serial(0, t.bk) as c:
+                    with T.unroll(0, t.mr) as r:
+                        with T.unroll(0, vecs) as v:
+                            with T.vectorized(0, t.lanes) as ln:
+                                col = v * t.lanes + ln
+                                T.buffer_store(reg, reg[r, col] + sc[rg * t.mr + r, c]
+                                               * vp[c, cg * t.nv + col], [r, col])
+                with T.unroll(0, t.mr) as r:
+                    with T.unroll(0, vecs) as v:
+                        with T.vectorized(0, t.lanes) as ln:
+                            col = v * t.lanes + ln
+                            T.buffer_store(acc, reg[r, col], [rg * t.mr + r, cg * t.nv + col])
+
+    # ------------------------------------------------------------------------ output
+
+    def _store(self, acc, lrow, batch, i0, nq):
+        p = self.p
+        with T.serial(0, nq) as r:
+            with T.serial(0, p.dv) as dd:
+                o = acc[r, dd] / lrow[r]
+                index = [_at(ix, p, batch, i=i0 + r, d=dd) for ix in p.out_index]
+                value = _at(p.out_value, p, batch, i=i0 + r, d=dd, o=o)
+                T.buffer_store(p.out, value, index)
+
+
+def tile_bytes(pattern: AttentionPattern, tiles: AttentionTiles) -> int:
+    """Bytes of the per-task buffers (what replaces the score matrix)."""
+    dvp = _ceil_to(pattern.dv, tiles.lanes)
+    return 4 * (tiles.bq * (pattern.dk + tiles.bk + dvp + 3) + tiles.bk * (pattern.dk + dvp))
+
+
+_ = (math, simplify_index)

@@ -210,7 +210,8 @@ def swin_attention(windows=4, window=7, heads=3, head_dim=16, dtype="float32", s
 
     b = _Builder("swin_attention", dtype, seed)
     tokens, width = window * window, heads * head_dim
-    qkv = b.node("Reshape", b.add_input("qkv", [windows, tokens, 3 * width], b.elem), b.ints([windows, tokens, 3, heads, head_dim]))
+    qkv = b.add_input("qkv", [windows, tokens, 3 * width], b.elem)
+    qkv = b.node("Reshape", qkv, b.ints([windows, tokens, 3, heads, head_dim]))
     qkv = b.node("Transpose", qkv, perm=[2, 0, 3, 1, 4])
     q, k, v = (b.node("Gather", qkv, b.ints(i), axis=0) for i in range(3))
     q = b.node("Mul", q, b.const(head_dim ** -0.5))

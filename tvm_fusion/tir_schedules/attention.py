@@ -38,10 +38,10 @@ softmax does, and NaN scores propagate through the sum.
 
 from __future__ import annotations
 
-import math
+import warnings
 from dataclasses import dataclass
 
-import tvm
+import tvm_ffi
 from tvm import sym, tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
@@ -50,19 +50,30 @@ from ..tir_utils import buffer_loads, find_all
 from .attention_match import (
     F32,
     AttentionPattern,
+    NotAttention,
     free_vars,
-    simplify_index,
+    match_attention,
     substitute,
 )
 from .cpu_target import CpuParams
+from .fast_math import fast_math
+from .records import (
+    DONE_ATTR,
+    KEPT_ATTR,
+    SCHEDULE_ATTR,
+    ScheduleFailedWarning,
+    first_line,
+    restore_symbol,
+)
 
 # exp(x) is exactly 0 in float32 below about -103.97 (libm and fast_math alike); the skip test
 # asks for this much more margin
 _UNDERFLOW = 128.0
 _MAX_BQ = 128
 
-__all__ = ["AttentionTiles", "MaskRegion", "build_cpu_attention", "choose_tiles",
-           "mask_regions"]
+__all__ = ["ATTENTION_ATTR", "TILES_ATTR", "AttentionTiles", "MaskRegion",
+           "build_cpu_attention", "choose_tiles", "mask_regions", "tile_bytes",
+           "try_schedule_attention"]
 
 
 @dataclass(frozen=True)
@@ -157,14 +168,10 @@ def _is_size(var, pattern: AttentionPattern) -> bool:
 
 
 def _equal(a, b) -> bool:
-    import tvm_ffi
-
     return bool(tvm_ffi.structural_equal(a, b))
 
 
 def _fold_condition(expr, cond, polarity: bool, ana):
-    import tvm_ffi
-
     value = tirx.const(1 if polarity else 0, "bool")
 
     def fold(node):
@@ -223,7 +230,7 @@ def _box_condition(cond, polarity: bool, pattern: AttentionPattern, i_lo, i_hi, 
         total = c0
         for coef, lo, hi in ((ci, i_lo, i_hi), (cj, j_lo, j_hi)):
             if coef:
-                total = total + coef * ((hi if (coef > 0) == high else lo))
+                total = total + coef * (hi if (coef > 0) == high else lo)
         return total
 
     if polarity:  # e < 0 (or <= 0) everywhere: its maximum
@@ -460,7 +467,7 @@ class _CpuEmitter:
                             T.buffer_store(sc, reg[r, col], [rg * t.mr + r, cg * t.nr + col])
 
     def _online_softmax(self, sc, mrow, lrow, corr, batch, i0, nq, j0, nk):
-        p, t = self.p, self.t
+        t = self.t
         lanes = t.lanes
         with T.serial(0, t.bq) as r:
             with T.If(r < nq):
@@ -559,4 +566,37 @@ def tile_bytes(pattern: AttentionPattern, tiles: AttentionTiles) -> int:
     return 4 * (tiles.bq * (pattern.dk + tiles.bk + dvp + 3) + tiles.bk * (pattern.dk + dvp))
 
 
-_ = (math, simplify_index)
+# ------------------------------------------------------------------------------ dispatch
+
+ATTENTION_ATTR = "tvm_fusion.attention"
+TILES_ATTR = "tvm_fusion.attention_tiles"  # (bq, bk): a tuned or forced tile
+
+
+def try_schedule_attention(gvar, func: tirx.PrimFunc, params: CpuParams, fast: bool = True):
+    """The dispatch hook of ``ScheduleFusedBlocks``: a fused attention gets the generated
+    online-softmax kernel; anything else returns None (the usual rules). A template failure
+    warns and returns None too: the per-block rules then schedule the function."""
+    try:
+        pattern = match_attention(func)
+    except NotAttention:
+        return None
+    except Exception:  # noqa: BLE001 (an analysis TVM cannot do: not ours to schedule)
+        return None
+    tiles = None
+    if func.attrs is not None and TILES_ATTR in func.attrs:
+        bq, bk = (int(t) for t in func.attrs[TILES_ATTR])
+        base = choose_tiles(pattern, params)
+        tiles = AttentionTiles(_ceil_to(bq, base.mr), _ceil_to(bk, base.nr), base.mr, base.nr,
+                               base.nv, base.lanes)
+    try:
+        result, notes = build_cpu_attention(pattern, params, tiles)
+        if fast:
+            result = fast_math(result)
+    except Exception as err:  # noqa: BLE001
+        warnings.warn(f"tvm_fusion: attention template failed on {gvar.name_hint} "
+                      f"({type(err).__name__}: {first_line(err)}); using the per-operator rules",
+                      ScheduleFailedWarning, stacklevel=2)
+        return None
+    kept = {}  # the per-task tiles are allocated inside the kernel, not as function buffers
+    attrs = {KEPT_ATTR: kept, SCHEDULE_ATTR: notes, DONE_ATTR: True, ATTENTION_ATTR: True}
+    return restore_symbol(result, func).with_attrs(attrs)

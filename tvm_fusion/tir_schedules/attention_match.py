@@ -38,8 +38,9 @@ from ..tir_utils import buffer_loads, find_all, iter_sblocks
 _SPATIAL, _REDUCE = 0, 2
 F32 = "float32"
 
-__all__ = ["AttentionPattern", "NotAttention", "match_attention", "promote_f32", "substitute",
-           "simplify_loads", "free_vars", "loads_of"]
+__all__ = ["AttentionPattern", "Contraction", "NotAttention", "contraction_roles", "free_vars",
+           "is_pure_cast", "is_row_softmax", "loads_of", "match_attention", "promote_f32",
+           "simplify_index", "simplify_loads", "substitute"]
 
 
 class NotAttention(ValueError):
@@ -579,3 +580,90 @@ def _output_store(func, defs, out, pv: _Def, canon: list, o, ana: sym.Analyzer, 
 
 def _cast(value, dtype: str):
     return value if str(value.ty) == dtype else tirx.Cast(dtype, value)
+
+
+# ------------------------------------------------------------- one operator (for planning)
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """A batched contraction ``C[..., i, j] = Σ_k A[.., i, .., k] · B[.., k, .., j]``: which
+    input is the row operand (indexed by ``i``) and which the column operand (by ``j``)."""
+
+    row_input: int  # position among the PrimFunc's inputs
+    col_input: int
+
+
+def contraction_roles(func: tirx.PrimFunc) -> Contraction | None:
+    """The roles of a matmul-like PrimFunc — one reduction, summing a product of two operands
+    over one axis, whatever data movement or element-wise epilogue surrounds it (SmartMem's
+    copies, a rewritten scale) — or None. Each operand must read exactly one input."""
+    try:
+        defs = _definitions(func)
+    except NotAttention:
+        return None
+    reductions = [d for d in defs.values() if d.is_reduction]
+    if len(reductions) != 1:
+        return None
+    d = reductions[0]
+    if len(d.reduce) != 1 or len(d.spatial) < 2:
+        return None
+    try:
+        kind, operand = _reduction(d)
+        operand = strip_float_casts(_expand(operand, defs))
+    except NotAttention:
+        return None
+    if kind != "sum" or not isinstance(operand, tirx.Mul):
+        return None
+    params = list(func.params)
+    i, j, k = d.spatial[-2], d.spatial[-1], d.reduce[0]
+    positions, roles = [], []
+    for factor in (operand.a, operand.b):
+        sources = []
+        for ld in buffer_loads(factor):
+            if not any(ld.source.same_as(x) for x in sources) and ld.indices:
+                sources.append(ld.source)
+        inputs = [n for n, p in enumerate(params) if any(p.same_as(x) for x in sources)]
+        if len(inputs) != 1:
+            return None
+        positions.append(inputs[0])
+        vs = free_vars(factor)
+        roles.append({name: any(v.same_as(x) for v in vs)
+                      for name, x in (("i", i), ("j", j), ("k", k))})
+    if not all(r["k"] for r in roles):
+        return None
+    if roles[0]["i"] and not roles[0]["j"] and roles[1]["j"] and not roles[1]["i"]:
+        row, col = 0, 1
+    elif roles[1]["i"] and not roles[1]["j"] and roles[0]["j"] and not roles[0]["i"]:
+        row, col = 1, 0
+    else:
+        return None
+    return Contraction(positions[row], positions[col])
+
+
+def is_row_softmax(func: tirx.PrimFunc) -> bool:
+    """A softmax-like PrimFunc: exactly one max and one sum reduction (what surrounds them, a
+    layout copy, is free). The planner's filter; the fused function is matched exactly."""
+    try:
+        defs = _definitions(func)
+        kinds = sorted(_reduction(d)[0] for d in defs.values() if d.is_reduction)
+    except NotAttention:
+        return False
+    return kinds == ["max", "sum"]
+
+
+def is_pure_cast(func: tirx.PrimFunc) -> bool:
+    """One block that stores a float-to-float cast of its input at the same index."""
+    try:
+        defs = _definitions(func)
+    except NotAttention:
+        return False
+    if len(defs) != 1:
+        return False
+    (d,) = defs.values()
+    value = d.value
+    return (not d.is_reduction and isinstance(value, tirx.Cast)
+            and isinstance(value.value, TensorLoad) and _is_float(str(value.ty))
+            and _is_float(str(value.value.ty))
+            and all(isinstance(ix, tvm.ir.Var) and ix.same_as(v)
+                    for ix, v in zip(value.value.indices, d.spatial)))

@@ -90,8 +90,9 @@ def _qkv_inputs(b: _Builder, batch, seq, widths, project: bool, hidden: int) -> 
 
 
 def bert_attention(batch=1, seq=64, heads=4, head_dim=16, dtype="float32", project=False,
-                   seed=0) -> onnx.ModelProto:
-    """BERT: additive mask input ``mask [b, 1, 1, s]`` (0 attend, large negative masked)."""
+                   mask_rows=False, seed=0) -> onnx.ModelProto:
+    """BERT: additive mask input ``mask [b, 1, 1, s]`` (0 attend, large negative masked); with
+    ``mask_rows`` one mask per query row, ``[b, 1, s, s]`` (a row of ``-inf`` masks a row)."""
     b = _Builder("bert_attention", dtype, seed)
     width = heads * head_dim
     q, k, v = _qkv_inputs(b, batch, seq, [width] * 3, project, width)
@@ -99,7 +100,8 @@ def bert_attention(batch=1, seq=64, heads=4, head_dim=16, dtype="float32", proje
     k = b.heads(k, heads, head_dim, [0, 2, 3, 1])
     v = b.heads(v, heads, head_dim, [0, 2, 1, 3])
     s = b.node("Div", b.node("MatMul", q, k), b.const(math.sqrt(head_dim)))
-    s = b.node("Add", s, b.add_input("mask", [batch, 1, 1, seq], b.elem, doc="additive_mask"))
+    rows = seq if mask_rows else 1
+    s = b.node("Add", s, b.add_input("mask", [batch, 1, rows, seq], b.elem, doc="additive_mask"))
     p = b.node("Softmax", s, axis=-1)
     out = b.merge(b.node("MatMul", p, v), width)
     return b.finish(out, [batch, seq, width])

@@ -132,7 +132,7 @@ def gpt2_attention(batch=1, seq=64, heads=4, head_dim=16, dtype="float32", proje
 
 
 def llama_attention(batch=1, seq=64, heads=8, kv_heads=2, head_dim=16, dtype="float32",
-                    project=False, mask="triu", seed=0) -> onnx.ModelProto:
+                    project=False, mask="triu", kv_seq=None, seed=0) -> onnx.ModelProto:
     """Llama: GQA (K, V with ``kv_heads`` heads, ``repeat_kv`` by Unsqueeze/Expand/Reshape),
     ``Mul`` by ``head_dim**-0.5``, a causal mask and an fp32 softmax.
 
@@ -141,13 +141,23 @@ def llama_attention(batch=1, seq=64, heads=8, kv_heads=2, head_dim=16, dtype="fl
     ``Where(keep, s, -inf)`` with ``keep`` from ``Trilu`` of ones; ``"none"``. (A mask from
     ``Range`` comparisons, as transformers 5 builds it, has no static shape after TVM 0.27's
     ONNX import: its ``Range`` takes a size read at run time.)
+
+    ``kv_seq`` (an int or a name) makes K and V a cache of that length, the decode shape
+    (``seq=1``: one new token against the cache); it needs ``mask="none"``.
     """
     if heads % kv_heads:
         raise ValueError(f"heads={heads} is not a multiple of kv_heads={kv_heads}")
     b = _Builder("llama_attention", dtype, seed)
     width, kv_width = heads * head_dim, kv_heads * head_dim
     rep = heads // kv_heads
-    q, k, v = _qkv_inputs(b, batch, seq, [width, kv_width, kv_width], project, width)
+    if kv_seq is not None:
+        if mask != "none" or project:
+            raise ValueError("a key/value cache (kv_seq) takes mask='none' and project=False")
+        q = b.add_input("q", [batch, seq, width], b.elem)
+        k = b.add_input("k", [batch, kv_seq, kv_width], b.elem)
+        v = b.add_input("v", [batch, kv_seq, kv_width], b.elem)
+    else:
+        q, k, v = _qkv_inputs(b, batch, seq, [width, kv_width, kv_width], project, width)
     q = b.heads(q, heads, head_dim, [0, 2, 1, 3])
     k = b.heads(k, kv_heads, head_dim, [0, 2, 1, 3])
     v = b.heads(v, kv_heads, head_dim, [0, 2, 1, 3])

@@ -103,6 +103,8 @@ def choose_tiles(pattern: AttentionPattern, params: CpuParams,
     takes half of L2; ``rows_hint`` (the query length, when known) keeps ``bq`` no larger."""
     lanes = params.lanes
     mr = max(params.registers // 2, 1)  # two vectors of keys per row: mr·2 accumulators
+    if rows_hint is not None and 0 < rows_hint < mr:
+        mr = rows_hint  # decode: one (or a few) query rows
     nr = 2 * lanes
     dvp = _ceil_to(pattern.dv, lanes)
     nv = 2 * lanes if dvp % (2 * lanes) == 0 else lanes

@@ -263,7 +263,7 @@ def build_cpu_attention(pattern: AttentionPattern, params: CpuParams,
                         tiles: AttentionTiles | None = None) -> tuple[tirx.PrimFunc, list[str]]:
     """The attention as one generated PrimFunc with ``pattern.func``'s signature, and notes."""
     tiles = tiles or choose_tiles(pattern, params, _static(pattern.sq))
-    emitter = _CpuEmitter(pattern, tiles)
+    emitter = _CpuEmitter(pattern, tiles, params.cores)
     body = emitter.emit()
     func = pattern.func
     result = tirx.PrimFunc(list(func.params), body, func.ret_type, func.attrs)
@@ -278,62 +278,75 @@ def _static(expr) -> int | None:
 
 
 class _CpuEmitter:
-    def __init__(self, pattern: AttentionPattern, tiles: AttentionTiles):
+    def __init__(self, pattern: AttentionPattern, tiles: AttentionTiles, cores: int = 1):
         self.p = pattern
         self.t = tiles
+        self.cores = max(cores, 1)
         self.dvp = _ceil_to(pattern.dv, tiles.lanes)
         self.regions = mask_regions(pattern)
 
     # ------------------------------------------------------------------ the loop nest
 
     def emit(self):
+        """One task per (batch…, group of query blocks): K (transposed) and V are packed once
+        per task for the whole key length, then the task's query blocks (``g, g + G, …``:
+        interleaved, so that a causal mask leaves every group the same work) each run over
+        the key tiles."""
         p, t = self.p, self.t
         itype = str(p.i.ty)
         bq, bk, dk, dvp = t.bq, t.bk, p.dk, self.dvp
         sq, sk = p.sq, p.sk
         n_qb = tirx.floordiv(sq + (bq - 1), bq)
         n_kt = tirx.floordiv(sk + (bk - 1), bk)
-        tasks = n_qb
+        heads = tirx.const(1, itype)
         for ext in p.batch_extents:
-            tasks = tasks * ext
+            heads = heads * ext
+        # enough tasks for every core (4 per core) when there are few heads
+        groups = tirx.max(tirx.const(1, itype), tirx.min(
+            n_qb, tirx.floordiv(tirx.const(4 * self.cores, itype) + heads - 1, heads)))
         with IRBuilder() as ib:
-            with T.parallel(tirx.const(0, itype), tasks) as task:
-                qb = tirx.floormod(task, n_qb)
-                rest = tirx.floordiv(task, n_qb)
+            with T.parallel(tirx.const(0, itype), heads * groups) as task:
+                g = tirx.floormod(task, groups)
+                rest = tirx.floordiv(task, groups)
                 batch = []
                 for ext in reversed(p.batch_extents):
                     batch.append(tirx.floormod(rest, ext))
                     rest = tirx.floordiv(rest, ext)
                 batch = batch[::-1]
-                i0 = qb * bq
-                nq = tirx.min(tirx.const(bq, itype), sq - i0)
+                kt = T.alloc_buffer((dk, n_kt * bk), F32)
+                vp = T.alloc_buffer((n_kt * bk, dvp), F32)
+                kstat = T.alloc_buffer((n_kt, 2), F32)  # per key tile: max |k|, all finite
+                self._pack_keys(kt, vp, kstat, batch, n_kt)
                 qp = T.alloc_buffer((bq, dk), F32, scope="local")
-                kt = T.alloc_buffer((dk, bk), F32, scope="local")
-                vp = T.alloc_buffer((bk, dvp), F32, scope="local")
                 sc = T.alloc_buffer((bq, bk), F32, scope="local")
                 acc = T.alloc_buffer((bq, dvp), F32, scope="local")
                 mrow = T.alloc_buffer((bq,), F32, scope="local")
                 lrow = T.alloc_buffer((bq,), F32, scope="local")
                 corr = T.alloc_buffer((bq,), F32, scope="local")
-                stats = T.alloc_buffer((4,), F32, scope="local")  # qmax, qfinite, kmax, kfinite
-                self._pack_query(qp, batch, i0, nq, stats)
-                with T.serial(0, bq) as r:
-                    T.buffer_store(mrow, p.m_init, [r])
-                    T.buffer_store(lrow, tirx.const(0.0, F32), [r])
-                    with T.serial(0, dvp) as c:
-                        T.buffer_store(acc, tirx.const(0.0, F32), [r, c])
-                with T.serial(tirx.const(0, itype), n_kt) as kb:
-                    j0 = kb * bk
-                    nk = tirx.min(tirx.const(bk, itype), sk - j0)
-                    skip = self._skip_condition(batch, i0, nq, j0, nk, mrow, stats, kt)
-                    if skip is None:
-                        self._tile(qp, kt, vp, sc, acc, mrow, lrow, corr, batch, i0, nq, j0, nk)
-                    else:
-                        with T.If(tirx.Not(skip)):
-                            with T.Then():
-                                self._tile(qp, kt, vp, sc, acc, mrow, lrow, corr, batch, i0,
-                                           nq, j0, nk)
-                self._store(acc, lrow, batch, i0, nq)
+                stats = T.alloc_buffer((2,), F32, scope="local")  # the query block's max |q|
+                with T.serial(tirx.const(0, itype),
+                              tirx.floordiv(n_qb - g + groups - 1, groups)) as qi:
+                    i0 = (g + qi * groups) * bq
+                    nq = tirx.min(tirx.const(bq, itype), sq - i0)
+                    self._pack_query(qp, batch, i0, nq, stats)
+                    with T.serial(0, bq) as r:
+                        T.buffer_store(mrow, p.m_init, [r])
+                        T.buffer_store(lrow, tirx.const(0.0, F32), [r])
+                        with T.serial(0, dvp) as c:
+                            T.buffer_store(acc, tirx.const(0.0, F32), [r, c])
+                    with T.serial(tirx.const(0, itype), n_kt) as kb:
+                        j0 = kb * bk
+                        nk = tirx.min(tirx.const(bk, itype), sk - j0)
+                        skip = self._skip_condition(i0, nq, j0, nk, kb, mrow, stats, kstat)
+                        if skip is None:
+                            self._tile(qp, kt, vp, sc, acc, mrow, lrow, corr, batch, i0, nq,
+                                       j0, nk)
+                        else:
+                            with T.If(tirx.Not(skip)):
+                                with T.Then():
+                                    self._tile(qp, kt, vp, sc, acc, mrow, lrow, corr, batch,
+                                               i0, nq, j0, nk)
+                    self._store(acc, lrow, batch, i0, nq)
         return ib.get()
 
     # ----------------------------------------------------------------- packing
@@ -356,37 +369,46 @@ class _CpuEmitter:
                 with T.If(r < nq):
                     with T.Then():
                         with T.serial(0, p.dk) as c:
-                            self._track(stats, 0, qp[r, c])
+                            self._track(stats, [0], [1], qp[r, c])
 
-    def _track(self, stats, base: int, x):
-        """stats[base] = max |x|, stats[base + 1] = 0 once a value is not finite."""
-        T.buffer_store(stats, tirx.max(stats[base], tirx.abs(x)), [base])
-        T.buffer_store(stats, tirx.Select(tirx.isfinite(x), stats[base + 1],
-                                          tirx.const(0.0, F32)), [base + 1])
+    def _track(self, buf, at_max, at_finite, x):
+        """buf[at_max] = max |x|; buf[at_finite] = 0 once a value is not finite."""
+        T.buffer_store(buf, tirx.max(buf[tuple(at_max)], tirx.abs(x)), at_max)
+        T.buffer_store(buf, tirx.Select(tirx.isfinite(x), buf[tuple(at_finite)],
+                                        tirx.const(0.0, F32)), at_finite)
 
     def _needs_bounds(self) -> bool:
         return any(r.slope is not None for r in self.regions)
 
-    def _pack_keys(self, kt, vp, batch, j0, nk):
+    def _pack_keys(self, kt, vp, kstat, batch, n_kt):
+        """Kt[k, j] (keys contiguous) and Vp[j, d] for every key of the task's head, padding
+        keys zero; per key tile the bounds the masked-tile test needs."""
         p, t = self.p, self.t
-        with T.serial(0, t.bk) as c:
-            with T.If(c < nk):
-                with T.Then():
-                    with T.serial(0, p.dk) as kk:
-                        T.buffer_store(kt, _at(p.key, p, batch, j=j0 + c, k=kk), [kk, c])
-                    with T.serial(0, p.dv) as dd:
-                        T.buffer_store(vp, _at(p.value, p, batch, j=j0 + c, d=dd), [c, dd])
-                    for dd in range(p.dv, self.dvp):
-                        T.buffer_store(vp, tirx.const(0.0, F32), [c, dd])
-                with T.Else():
-                    with T.serial(0, p.dk) as kk:
-                        T.buffer_store(kt, tirx.const(0.0, F32), [kk, c])
-                    with T.serial(0, self.dvp) as dd:
-                        T.buffer_store(vp, tirx.const(0.0, F32), [c, dd])
+        with T.serial(tirx.const(0, str(p.j.ty)), n_kt) as kb:
+            T.buffer_store(kstat, tirx.const(0.0, F32), [kb, 0])
+            T.buffer_store(kstat, tirx.const(1.0, F32), [kb, 1])
+            with T.serial(0, t.bk) as c:
+                j = kb * t.bk + c
+                with T.If(j < p.sk):
+                    with T.Then():
+                        with T.serial(0, p.dk) as kk:
+                            T.buffer_store(kt, _at(p.key, p, batch, j=j, k=kk), [kk, j])
+                        with T.serial(0, p.dv) as dd:
+                            T.buffer_store(vp, _at(p.value, p, batch, j=j, d=dd), [j, dd])
+                        for dd in range(p.dv, self.dvp):
+                            T.buffer_store(vp, tirx.const(0.0, F32), [j, dd])
+                        if self._needs_bounds():
+                            with T.serial(0, p.dk) as kk:
+                                self._track(kstat, [kb, 0], [kb, 1], kt[kk, j])
+                    with T.Else():
+                        with T.serial(0, p.dk) as kk:
+                            T.buffer_store(kt, tirx.const(0.0, F32), [kk, j])
+                        with T.serial(0, self.dvp) as dd:
+                            T.buffer_store(vp, tirx.const(0.0, F32), [j, dd])
 
     # -------------------------------------------------------------- masked tiles
 
-    def _skip_condition(self, batch, i0, nq, j0, nk, mrow, stats, kt):
+    def _skip_condition(self, i0, nq, j0, nk, kb, mrow, stats, kstat):
         """None when no tile can be skipped; else a condition, evaluated per tile."""
         if not self.regions:
             return None
@@ -395,9 +417,8 @@ class _CpuEmitter:
         tests = []
         for region in self.regions:
             box = _box_condition(region.cond, region.polarity, p, i0, i_hi, j0, j_hi)
-            if box is None:
-                continue
-            tests.append((region, box))
+            if box is not None:
+                tests.append((region, box))
         if not tests:
             return None
         # every row's current maximum: the smallest one decides
@@ -407,30 +428,16 @@ class _CpuEmitter:
             with T.If(r < nq):
                 with T.Then():
                     T.buffer_store(mmin, tirx.min(mmin[0], mrow[r]), [0])
-        any_bounds = any(region.slope is not None for region, _ in tests)
-        if any_bounds:  # max |k| and finiteness of the key tile, for g(s) = a·s + c
-            T.buffer_store(stats, tirx.const(0.0, F32), [2])
-            T.buffer_store(stats, tirx.const(1.0, F32), [3])
-            boxes = tirx.const(False, "bool")
-            for _, box in tests:
-                boxes = tirx.Or(boxes, box)
-            with T.If(boxes):
-                with T.Then():
-                    with T.serial(0, t.bk) as c:
-                        with T.If(c < nk):
-                            with T.Then():
-                                with T.serial(0, p.dk) as kk:
-                                    self._track(stats, 2, _at(p.key, p, batch, j=j0 + c, k=kk))
         skip = tirx.const(False, "bool")
         for region, box in tests:
             if region.slope is None:
                 upper = region.offset
                 ok = box
             else:
-                bound = (tirx.const(float(p.dk) * (1.0 + 2.0 ** -8), F32) * stats[0] * stats[2]
-                         + tirx.const(1e-30, F32))
+                bound = (tirx.const(float(p.dk) * (1.0 + 2.0 ** -8), F32) * stats[0]
+                         * kstat[kb, 0] + tirx.const(1e-30, F32))
                 upper = tirx.abs(region.slope) * bound + region.offset
-                ok = tirx.And(box, tirx.And(stats[1] > 0.5, stats[3] > 0.5))
+                ok = tirx.And(box, tirx.And(stats[1] > 0.5, kstat[kb, 1] > 0.5))
             # exp(upper - m) == 0 for every row: m >= mmin
             ok = tirx.And(ok, upper - mmin[0] < tirx.const(-_UNDERFLOW, F32))
             skip = tirx.Or(skip, ok)
@@ -439,16 +446,17 @@ class _CpuEmitter:
     # ------------------------------------------------------------------ one key tile
 
     def _tile(self, qp, kt, vp, sc, acc, mrow, lrow, corr, batch, i0, nq, j0, nk):
-        self._pack_keys(kt, vp, batch, j0, nk)
-        self._scores(qp, kt, sc)
+        groups = tirx.floordiv(nq + (self.t.mr - 1), self.t.mr)  # row groups holding rows
+        self._scores(qp, kt, sc, groups, j0)
         self._online_softmax(sc, mrow, lrow, corr, batch, i0, nq, j0, nk)
-        self._accumulate(sc, vp, acc, corr)
+        self._accumulate(sc, vp, acc, corr, groups, j0)
 
-    def _scores(self, qp, kt, sc):
-        """sc = qp · kt with an mr × nr register tile (keys vectorised)."""
+    def _scores(self, qp, kt, sc, groups, j0):
+        """sc = qp · kt with an mr × nr register tile (keys vectorised), over the row groups
+        that hold query rows (a partial last block computes only those)."""
         p, t = self.p, self.t
         vecs = t.nr // t.lanes
-        with T.serial(0, t.bq // t.mr) as rg:
+        with T.serial(0, groups) as rg:
             with T.serial(0, t.bk // t.nr) as cg:
                 reg = T.alloc_buffer((t.mr, t.nr), F32, scope="local")
                 with T.unroll(0, t.mr) as r:
@@ -461,7 +469,7 @@ class _CpuEmitter:
                             with T.vectorized(0, t.lanes) as ln:
                                 col = v * t.lanes + ln
                                 T.buffer_store(reg, reg[r, col] + qp[rg * t.mr + r, kk]
-                                               * kt[kk, cg * t.nr + col], [r, col])
+                                               * kt[kk, j0 + cg * t.nr + col], [r, col])
                 with T.unroll(0, t.mr) as r:
                     with T.unroll(0, vecs) as v:
                         with T.vectorized(0, t.lanes) as ln:
@@ -525,11 +533,11 @@ class _CpuEmitter:
         T.buffer_store(lrow, lrow[r] * corr[r] + total[0], [r])
         T.buffer_store(mrow, m_new[0], [r])
 
-    def _accumulate(self, sc, vp, acc, corr):
+    def _accumulate(self, sc, vp, acc, corr, groups, j0):
         """acc = acc·corr + sc · vp, an mr × nv register tile (values vectorised)."""
         t = self.t
         vecs = t.nv // t.lanes
-        with T.serial(0, t.bq // t.mr) as rg:
+        with T.serial(0, groups) as rg:
             with T.serial(0, self.dvp // t.nv) as cg:
                 reg = T.alloc_buffer((t.mr, t.nv), F32, scope="local")
                 with T.unroll(0, t.mr) as r:
@@ -543,7 +551,7 @@ class _CpuEmitter:
                             with T.vectorized(0, t.lanes) as ln:
                                 col = v * t.lanes + ln
                                 T.buffer_store(reg, reg[r, col] + sc[rg * t.mr + r, c]
-                                               * vp[c, cg * t.nv + col], [r, col])
+                                               * vp[j0 + c, cg * t.nv + col], [r, col])
                 with T.unroll(0, t.mr) as r:
                     with T.unroll(0, vecs) as v:
                         with T.vectorized(0, t.lanes) as ln:

@@ -263,3 +263,61 @@ def test_tiles_follow_the_target():
         assert tiles.bq % tiles.mr == 0 and tiles.bk % tiles.nr == 0
     decode = choose_tiles(pattern, CpuParams(8, 12, 2), rows_hint=1)
     assert decode.mr == 1 and decode.bq == 1
+
+
+# ---------------------------------------------------------------------------------- GPU
+
+OPENCL = tvm.target.Target({"kind": "opencl"}, host="llvm")
+
+
+def _gpu_module(model, target):
+    from tvm_fusion import pipeline
+    from tvm_fusion.transform import Sequential
+
+    with target:
+        return pipeline.build(target, Sequential(target), lower=False)(import_onnx(model))
+
+
+@pytest.mark.parametrize("kind,options", [("llama", {}), ("swin", {}),
+                                          ("gpt2", {}),
+                                          pytest.param("llama", {"dtype": "float16"},
+                                                       marks=pytest.mark.slow)])
+def test_gpu_kernel_on_pocl(kind, options):
+    from tvm_fusion.layout import opencl_runner
+
+    ok, why = opencl_runner.available()
+    if not ok:
+        pytest.skip(why)
+    model = attention_model(kind, **options)
+    mod = _gpu_module(model, OPENCL)
+    funcs = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert [f for f in funcs if f.attrs and ATTENTION_ATTR in f.attrs]  # not DLight's
+    feeds = random_inputs(model, seed=0)
+    inputs = [feeds[n] for n in graph_input_names(model)]
+    ours = opencl_runner.OpenCLRunner().run_module(mod, inputs, OPENCL)
+    ref = onnx_reference(model, feeds)
+    tol = 2e-3 if options.get("dtype") == "float16" else 1e-5
+    np.testing.assert_allclose(ours[0].astype(np.float32), ref[0].astype(np.float32),
+                               rtol=tol, atol=tol)
+
+
+def test_cuda_kernel_compiles_to_ptx():
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    import tvm.support.nvcc as nvcc
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host="llvm")
+    ex = compile_model(import_onnx(attention_model("llama", seq="seq")), target)
+
+    def walk(module):
+        yield module
+        for imported in module.imports:
+            yield from walk(imported)
+
+    source = "\n".join(m.inspect_source() for m in walk(ex.mod) if m.kind == "cuda")
+    assert "__shared__" in source
+    with target:
+        ptx = nvcc.compile_cuda(source, target_format="ptx", compiler="nvcc")
+    assert b".target sm_80" in bytes(ptx)

@@ -68,12 +68,12 @@ from .records import (
 
 # exp(x) is exactly 0 in float32 below about -103.97 (libm and fast_math alike); the skip test
 # asks for this much more margin
-_UNDERFLOW = 128.0
+UNDERFLOW_MARGIN = 128.0
 _MAX_BQ = 128
 
-__all__ = ["ATTENTION_ATTR", "TILES_ATTR", "AttentionTiles", "MaskRegion",
-           "build_cpu_attention", "choose_tiles", "mask_regions", "tile_bytes",
-           "try_schedule_attention"]
+__all__ = ["ATTENTION_ATTR", "TILES_ATTR", "UNDERFLOW_MARGIN", "AttentionTiles", "MaskRegion",
+           "box_condition", "build_cpu_attention", "choose_tiles", "mask_regions", "tile_bytes",
+           "try_schedule_attention", "value_at"]
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ def _affine_in(value, s, ana):
     return slope, zero
 
 
-def _box_condition(cond, polarity: bool, pattern: AttentionPattern, i_lo, i_hi, j_lo, j_hi):
+def box_condition(cond, polarity: bool, pattern: AttentionPattern, i_lo, i_hi, j_lo, j_hi):
     """A TIR condition true when ``cond == polarity`` on every point of the box
     ``[i_lo, i_hi] × [j_lo, j_hi]`` (inclusive), or None when ``cond`` is not affine in i, j."""
     i, j = pattern.i, pattern.j
@@ -245,8 +245,9 @@ def _box_condition(cond, polarity: bool, pattern: AttentionPattern, i_lo, i_hi, 
 # --------------------------------------------------------------------------------- emitting
 
 
-def _at(expr, pattern: AttentionPattern, batch, i=None, j=None, k=None, d=None, s=None,
-        o=None):
+def value_at(expr, pattern: AttentionPattern, batch, i=None, j=None, k=None, d=None, s=None,
+             o=None):
+    """``expr`` (a piece of ``pattern``) at the given index values (and ``s``, ``o``)."""
     mapping = dict(zip(pattern.batch, batch))
     for var, value in ((pattern.i, i), (pattern.j, j), (pattern.k, k), (pattern.d, d),
                        (pattern.s, s), (pattern.o, o)):
@@ -359,7 +360,7 @@ class _CpuEmitter:
             with T.If(r < nq):
                 with T.Then():
                     with T.serial(0, p.dk) as c:
-                        x = _at(p.query, p, batch, i=i0 + r, k=c)
+                        x = value_at(p.query, p, batch, i=i0 + r, k=c)
                         T.buffer_store(qp, x, [r, c])
                 with T.Else():
                     with T.serial(0, p.dk) as c:
@@ -392,9 +393,9 @@ class _CpuEmitter:
                 with T.If(j < p.sk):
                     with T.Then():
                         with T.serial(0, p.dk) as kk:
-                            T.buffer_store(kt, _at(p.key, p, batch, j=j, k=kk), [kk, j])
+                            T.buffer_store(kt, value_at(p.key, p, batch, j=j, k=kk), [kk, j])
                         with T.serial(0, p.dv) as dd:
-                            T.buffer_store(vp, _at(p.value, p, batch, j=j, d=dd), [j, dd])
+                            T.buffer_store(vp, value_at(p.value, p, batch, j=j, d=dd), [j, dd])
                         for dd in range(p.dv, self.dvp):
                             T.buffer_store(vp, tirx.const(0.0, F32), [j, dd])
                         if self._needs_bounds():
@@ -416,7 +417,7 @@ class _CpuEmitter:
         i_hi, j_hi = i0 + nq - 1, j0 + nk - 1
         tests = []
         for region in self.regions:
-            box = _box_condition(region.cond, region.polarity, p, i0, i_hi, j0, j_hi)
+            box = box_condition(region.cond, region.polarity, p, i0, i_hi, j0, j_hi)
             if box is not None:
                 tests.append((region, box))
         if not tests:
@@ -439,7 +440,7 @@ class _CpuEmitter:
                 upper = tirx.abs(region.slope) * bound + region.offset
                 ok = tirx.And(box, tirx.And(stats[1] > 0.5, kstat[kb, 1] > 0.5))
             # exp(upper - m) == 0 for every row: m >= mmin
-            ok = tirx.And(ok, upper - mmin[0] < tirx.const(-_UNDERFLOW, F32))
+            ok = tirx.And(ok, upper - mmin[0] < tirx.const(-UNDERFLOW_MARGIN, F32))
             skip = tirx.Or(skip, ok)
         return skip
 
@@ -506,7 +507,7 @@ class _CpuEmitter:
         with T.serial(0, outer) as co:
             with T.vectorized(0, lanes) as ln:
                 c = co * lanes + ln
-                T.buffer_store(tmp, _at(p.score, p, batch, i=i, j=j0 + c, s=sc[r, c]), [ln])
+                T.buffer_store(tmp, value_at(p.score, p, batch, i=i, j=j0 + c, s=sc[r, c]), [ln])
                 T.buffer_store(sc, tmp[ln], [r, c])
                 T.buffer_store(part, tirx.max(part[ln], tmp[ln]), [ln])
         m_new = T.alloc_buffer((1,), F32, scope="local")
@@ -565,8 +566,8 @@ class _CpuEmitter:
         with T.serial(0, nq) as r:
             with T.serial(0, p.dv) as dd:
                 o = acc[r, dd] / lrow[r]
-                index = [_at(ix, p, batch, i=i0 + r, d=dd) for ix in p.out_index]
-                value = _at(p.out_value, p, batch, i=i0 + r, d=dd, o=o)
+                index = [value_at(ix, p, batch, i=i0 + r, d=dd) for ix in p.out_index]
+                value = value_at(p.out_value, p, batch, i=i0 + r, d=dd, o=o)
                 T.buffer_store(p.out, value, index)
 
 

@@ -28,7 +28,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .attention import _UNDERFLOW, _at, _box_condition, mask_regions
+from .attention import UNDERFLOW_MARGIN, box_condition, mask_regions, value_at
 from .attention_match import F32, AttentionPattern, NotAttention, match_attention
 from .records import SCHEDULE_ATTR, ScheduleFailedWarning, first_line, restore_symbol
 
@@ -93,7 +93,7 @@ def build_gpu_attention(pattern: AttentionPattern, target,
             sc = T.alloc_buffer((bk,), F32, scope="local")
             st = T.alloc_buffer((4,), F32, scope="local")  # m, l, m_new, tile sum
             with T.serial(0, dk) as c:
-                T.buffer_store(q, tirx.if_then_else(row < sq, _at(p.query, p, batch, i=row,
+                T.buffer_store(q, tirx.if_then_else(row < sq, value_at(p.query, p, batch, i=row,
                                                                  k=c),
                                                     tirx.const(0.0, F32)), [c])
             with T.serial(0, dv) as c:
@@ -119,8 +119,8 @@ def build_gpu_attention(pattern: AttentionPattern, target,
                 with T.Then():
                     with T.serial(0, dv) as c:
                         o = acc[c] / st[1]
-                        index = [_at(ix, p, batch, i=row, d=c) for ix in p.out_index]
-                        T.buffer_store(p.out, _at(p.out_value, p, batch, i=row, d=c, o=o),
+                        index = [value_at(ix, p, batch, i=row, d=c) for ix in p.out_index]
+                        T.buffer_store(p.out, value_at(p.out_value, p, batch, i=row, d=c, o=o),
                                        index)
     body = ib.get().body  # the frame's loop of one
     body = tirx.AttrStmt(tx_iv, "thread_extent", tirx.const(bq, "int32"), body)
@@ -141,8 +141,8 @@ def _load_tile(p, buf, kt_value: bool, batch, j0, tx, bq, bk, width, itype):
         c = tirx.floordiv(idx, width)
         w = tirx.floormod(idx, width)
         j = j0 + c
-        expr = (_at(p.key, p, batch, j=j, k=w) if kt_value
-                else _at(p.value, p, batch, j=j, d=w))
+        expr = (value_at(p.key, p, batch, j=j, k=w) if kt_value
+                else value_at(p.value, p, batch, j=j, d=w))
         with T.If(idx < total):
             with T.Then():
                 T.buffer_store(buf, tirx.if_then_else(j < p.sk, expr, tirx.const(0.0, F32)),
@@ -156,11 +156,11 @@ def _row_skip(p, regions, row, j0, bk, m_row, q):
     for region, s_free in regions:
         if not s_free:
             continue
-        box = _box_condition(region.cond, region.polarity, p, row, row, j0,
+        box = box_condition(region.cond, region.polarity, p, row, row, j0,
                              tirx.min(j0 + bk, p.sk) - 1)
         if box is None:
             continue
-        tests.append(tirx.And(box, region.offset - m_row < tirx.const(-_UNDERFLOW, F32)))
+        tests.append(tirx.And(box, region.offset - m_row < tirx.const(-UNDERFLOW_MARGIN, F32)))
     if not tests:
         return None
     skip = tests[0]
@@ -180,7 +180,7 @@ def _row_tile(p, q, kt, vt, sc, acc, st, batch, row, j0, bk):
             T.buffer_store(dot, dot[0] + q[kk] * kt[c, kk], [0])
         with T.If(j < p.sk):
             with T.Then():
-                x = _at(p.score, p, batch, i=row, j=j, s=dot[0])
+                x = value_at(p.score, p, batch, i=row, j=j, s=dot[0])
                 T.buffer_store(sc, x, [c])
                 T.buffer_store(st, tirx.max(st[2], sc[c]), [2])
             with T.Else():

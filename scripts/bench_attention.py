@@ -1,0 +1,289 @@
+"""Fused attention: the figures of docs/attention.md.
+
+Two parts, both on the CPU target of this machine (``--target`` to name another):
+
+``llama``
+    The attention of a Llama-style layer (32 query heads, 4 key/value heads, head size 64,
+    causal ``triu`` mask, GQA ``repeat_kv``) built with a symbolic sequence length
+    (``tvm_fusion/models/attention.py``), compiled once by tvm_fusion (attention fused) and
+    once by stock FuseOps with the same schedules (``compile_model(strategy="tvm",
+    schedule=True)``). For every length: the two outputs compared, then calls alternated
+    (ours, stock, ours, …) for at least ``--seconds`` each (at least 3 calls), medians.
+    At ``--memory-seq`` the planned activation memory of both builds: what Relax's
+    ``StaticPlanBlockMemory`` allocates for the model at that length (storages plus unplanned
+    tensors), the largest single buffer, and the fused kernel's own per-task workspace.
+
+``zoo``
+    Whole models (``--models``, from ``--models-dir``): built with attention fusion on and off
+    (``attention=False``, everything else equal), both compared with ONNX Runtime, then calls
+    alternated for ``--seconds`` each.
+
+Timings are only comparable inside one run. On a shared machine pin the process and use one
+thread: ``TVM_NUM_THREADS=1 taskset -c 1 python scripts/bench_attention.py all``. Results go
+to ``--out`` (``attention.json``, ``attention.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import tvm  # noqa: E402
+from tvm import relax  # noqa: E402
+from tvm.relax.backend.cpu_generic import pipeline as cpu_backend  # noqa: E402
+
+from tvm_fusion.compile import (  # noqa: E402
+    compile_model,
+    graph_input_names,
+    import_onnx,
+    load_onnx,
+)
+from tvm_fusion.feeds import random_inputs  # noqa: E402
+from tvm_fusion.models.attention import llama_attention  # noqa: E402
+from tvm_fusion.numerics import max_abs_error, onnx_reference  # noqa: E402
+from tvm_fusion.target import host_target_dict, to_target  # noqa: E402
+from tvm_fusion.transform import Sequential  # noqa: E402
+
+STOCK = {"strategy": "tvm", "schedule": True}  # FuseOps groups, tvm_fusion's schedules
+
+
+def planned_memory(mod: tvm.IRModule, target, **options) -> dict:
+    """Bytes the Relax VM allocates for ``mod`` (static shapes) after TVM's memory planning:
+    every ``alloc_storage`` StaticPlanBlockMemory leaves in ``main`` plus tensors it could not
+    plan, and the largest of them."""
+    with target:
+        graph = Sequential(target, **options)(mod)
+        passes = cpu_backend.dataflow_lower_passes(target) + [
+            relax.transform.StaticPlanBlockMemory()]
+        lowered = tvm.transform.Sequential(passes)(graph)
+    sizes = []
+
+    def visit(node):
+        if not (isinstance(node, relax.Call) and isinstance(node.op, tvm.ir.Op)):
+            return
+        if node.op.name == "relax.memory.alloc_storage":
+            sizes.append(int(node.args[0].values[0]))
+        elif node.op.name == "relax.builtin.alloc_tensor":
+            shape = [int(d) for d in node.args[0].values]
+            dtype = node.args[1].value
+            sizes.append(int(np.prod(shape)) * tvm.runtime.DataType(str(dtype)).bits // 8)
+
+    relax.analysis.post_order_visit(lowered["main"], visit)
+    return {"bytes": int(sum(sizes)), "largest": int(max(sizes, default=0)),
+            "buffers": len(sizes)}
+
+
+def kernel_workspace(mod: tvm.IRModule, target) -> int:
+    """Bytes the fused attention kernels allocate per running task (packed K and V of one
+    head, the tiles): what they use instead of a score matrix, per thread."""
+    from tvm_fusion.tir_schedules.attention import choose_tiles, tile_bytes
+    from tvm_fusion.tir_schedules.attention_match import NotAttention, match_attention
+    from tvm_fusion.tir_schedules.cpu_target import cpu_params
+
+    with target:
+        fused = Sequential(target, schedule=False)(mod)
+    total = 0
+    for func in fused.functions.values():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        try:
+            pattern = match_attention(func)
+        except NotAttention:
+            continue
+        tiles = choose_tiles(pattern, cpu_params(target))
+        keys = -(-int(pattern.sk) // tiles.bk) * tiles.bk
+        dvp = -(-pattern.dv // tiles.lanes) * tiles.lanes
+        total = max(total, tile_bytes(pattern, tiles) + 4 * keys * (pattern.dk + dvp + 2))
+    return total
+
+
+def alternate(calls: dict, seconds: float, minimum: int = 3) -> dict:
+    """Median seconds per call of each entry of ``calls``, called in turn (A, B, A, B …)
+    until every one has run ``seconds`` in total and at least ``minimum`` times."""
+    for fn in calls.values():
+        fn()
+    times = {k: [] for k in calls}
+    while any(sum(t) < seconds or len(t) < minimum for t in times.values()):
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {k: float(np.median(v)) for k, v in times.items()} | {
+        f"{k}_calls": len(v) for k, v in times.items()}
+
+
+def vm_call(executable, inputs):
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(executable, dev)
+    args = [tvm.runtime.tensor(x, dev) for x in inputs]
+    main = vm["main"]
+    return lambda: main(*args)
+
+
+def run_once(executable, inputs) -> list[np.ndarray]:
+    out = vm_call(executable, inputs)()
+    items = [out] if hasattr(out, "numpy") else list(out)
+    return [o.numpy() for o in items]
+
+
+# --------------------------------------------------------------------------------- llama
+
+
+def bench_llama(target, seqs, seconds, memory_seq, heads=32, kv_heads=4, head_dim=64):
+    model = llama_attention(seq="seq", heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+    mod = import_onnx(model)
+    t0 = time.perf_counter()
+    ours = compile_model(mod, target)
+    stock = compile_model(mod, target, **STOCK)
+    print(f"llama: compiled both builds in {time.perf_counter() - t0:.1f} s", flush=True)
+    rows = []
+    for seq in seqs:
+        feeds = random_inputs(model, seed=0, shape_overrides={"seq": seq})
+        inputs = [feeds[n] for n in graph_input_names(model)]
+        err = max_abs_error(run_once(ours, inputs), run_once(stock, inputs))
+        t = alternate({"fused": vm_call(ours, inputs), "stock": vm_call(stock, inputs)},
+                      seconds)
+        dense = 4.0 * heads * seq * seq * head_dim
+        row = {"seq": seq, "fused_ms": t["fused"] * 1e3, "stock_ms": t["stock"] * 1e3,
+               "speedup": t["stock"] / t["fused"], "max_abs_err_vs_stock": err,
+               "calls": [t["fused_calls"], t["stock_calls"]],
+               "dense_gflops_fused": dense / t["fused"] / 1e9}
+        rows.append(row)
+        print(f"  seq {seq}: fused {row['fused_ms']:.1f} ms, stock {row['stock_ms']:.1f} ms, "
+              f"{row['speedup']:.2f}x, max |fused - stock| {err:.2e}", flush=True)
+    memory = None
+    if memory_seq:
+        static = import_onnx(llama_attention(seq=memory_seq, heads=heads, kv_heads=kv_heads,
+                                             head_dim=head_dim))
+        ours_mem = planned_memory(static, target)
+        stock_mem = planned_memory(static, target, **STOCK)
+        memory = {"seq": memory_seq, "fused": ours_mem, "stock": stock_mem,
+                  "ratio": ours_mem["bytes"] / max(stock_mem["bytes"], 1),
+                  "score_matrix_bytes": 4 * heads * memory_seq * memory_seq,
+                  "fused_kernel_workspace_per_task": kernel_workspace(static, target)}
+        print(f"  planned activation memory at {memory_seq}: fused "
+              f"{ours_mem['bytes'] / 2**20:.1f} MiB (largest {ours_mem['largest'] / 2**20:.1f}),"
+              f" stock {stock_mem['bytes'] / 2**20:.1f} MiB (largest "
+              f"{stock_mem['largest'] / 2**20:.1f}); ratio {memory['ratio']:.3f}", flush=True)
+    return {"model": "llama attention (32 q heads, 4 kv heads, head 64, causal, symbolic seq)",
+            "rows": rows, "memory": memory}
+
+
+# ----------------------------------------------------------------------------------- zoo
+
+
+def bench_zoo(target, names, models_dir, seconds):
+    rows = []
+    for name in names:
+        path = Path(models_dir) / f"{name}.onnx"
+        if not path.is_file():
+            print(f"  {name}: {path} not found, skipped", flush=True)
+            continue
+        model = load_onnx(path)
+        mod = import_onnx(model)
+        t0 = time.perf_counter()
+        on = compile_model(mod, target)
+        off = compile_model(mod, target, attention=False)
+        build = time.perf_counter() - t0
+        feeds = random_inputs(model, seed=0)
+        inputs = [feeds[n] for n in graph_input_names(model)]
+        ref = onnx_reference(model, feeds)
+        out_on, out_off = run_once(on, inputs), run_once(off, inputs)
+        t = alternate({"on": vm_call(on, inputs), "off": vm_call(off, inputs)}, seconds)
+        row = {"model": name, "on_ms": t["on"] * 1e3, "off_ms": t["off"] * 1e3,
+               "speedup": t["off"] / t["on"], "err_on_vs_onnx": max_abs_error(out_on, ref),
+               "err_off_vs_onnx": max_abs_error(out_off, ref),
+               "err_on_vs_off": max_abs_error(out_on, out_off), "build_s": build,
+               "calls": [t["on_calls"], t["off_calls"]]}
+        rows.append(row)
+        print(f"  {name}: attention on {row['on_ms']:.1f} ms, off {row['off_ms']:.1f} ms "
+              f"({row['speedup']:.2f}x); max err vs ORT on {row['err_on_vs_onnx']:.2e}, off "
+              f"{row['err_off_vs_onnx']:.2e}", flush=True)
+    return rows
+
+
+# ---------------------------------------------------------------------------------- main
+
+
+def markdown(result: dict) -> str:
+    lines = [f"Machine: {result['machine']}; target {result['target']}; "
+             f"TVM_NUM_THREADS={result['threads']}.", ""]
+    llama = result.get("llama")
+    if llama:
+        lines += [f"**{llama['model']}**", "",
+                  "| sequence | fused (ms) | stock FuseOps, same schedules (ms) | speed-up |",
+                  "|---|---|---|---|"]
+        for r in llama["rows"]:
+            lines.append(f"| {r['seq']} | {r['fused_ms']:.1f} | {r['stock_ms']:.1f} | "
+                         f"**{r['speedup']:.2f}×** |")
+        mem = llama.get("memory")
+        if mem:
+            mib = 2 ** 20
+            lines += ["", f"Planned activation memory at {mem['seq']} (StaticPlanBlockMemory):"
+                      f" fused {mem['fused']['bytes'] / mib:.1f} MiB (largest buffer "
+                      f"{mem['fused']['largest'] / mib:.1f} MiB), stock "
+                      f"{mem['stock']['bytes'] / mib:.1f} MiB (largest "
+                      f"{mem['stock']['largest'] / mib:.1f} MiB): **{mem['ratio']:.3f}** of "
+                      f"stock; one score matrix is {mem['score_matrix_bytes'] / mib:.0f} MiB; "
+                      f"the fused kernel's workspace per running task "
+                      f"{mem['fused_kernel_workspace_per_task'] / mib:.2f} MiB."]
+    zoo = result.get("zoo")
+    if zoo:
+        lines += ["", "| model | attention on (ms) | off (ms) | off / on | max err vs ORT "
+                      "(on) | (off) |", "|---|---|---|---|---|---|"]
+        for r in zoo:
+            lines.append(f"| {r['model']} | {r['on_ms']:.1f} | {r['off_ms']:.1f} | "
+                         f"{r['speedup']:.2f} | {r['err_on_vs_onnx']:.2e} | "
+                         f"{r['err_off_vs_onnx']:.2e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("part", choices=["llama", "zoo", "all"])
+    parser.add_argument("--target", default=None, help="JSON target (default: this CPU)")
+    parser.add_argument("--seqs", default="512,1024,2048,4096")
+    parser.add_argument("--memory-seq", type=int, default=2048)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--models", default="bert_base,gpt2,vit_b16,swin_t")
+    parser.add_argument("--models-dir", default=os.environ.get("TVM_FUSION_MODELS",
+                                                               str(ROOT / "models")))
+    parser.add_argument("--out", default=str(ROOT / "out" / "attention"))
+    args = parser.parse_args(argv)
+    threads = os.environ.get("TVM_NUM_THREADS", "")
+    if args.target:
+        target = to_target(args.target)
+    else:
+        spec = host_target_dict()
+        if threads:
+            spec["num-cores"] = int(threads)
+        target = to_target(spec)
+    result = {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+              "target": str(target.export() if hasattr(target, "export") else target),
+              "threads": threads or "default", "when": time.strftime("%Y-%m-%d %H:%M")}
+    if args.part in ("llama", "all"):
+        seqs = [int(s) for s in args.seqs.split(",") if s]
+        result["llama"] = bench_llama(target, seqs, args.seconds, args.memory_seq)
+    if args.part in ("zoo", "all"):
+        result["zoo"] = bench_zoo(target, [m for m in args.models.split(",") if m],
+                                  args.models_dir, args.seconds)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "attention.json").write_text(json.dumps(result, indent=2))
+    (out / "attention.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -321,3 +321,16 @@ def test_cuda_kernel_compiles_to_ptx():
     with target:
         ptx = nvcc.compile_cuda(source, target_format="ptx", compiler="nvcc")
     assert b".target sm_80" in bytes(ptx)
+
+
+def test_rope_is_folded_into_the_attention_prologue():
+    """RoPE on Q and K (Slice, Neg, Concat, Mul, Add per head) joins the block: the layer's
+    attention, rotary embeddings included, is one kernel."""
+    model = attention_model("llama", seq="seq", rope=True)
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        _check(model, sizes=({"seq": 70},))
+    (plan,) = list(collector.plans[0].plans.values())
+    assert len(plan.blocks) == 1 and plan.blocks[0].kind == "attention"
+    ops = {plan.ecg.nodes[i].op_name for i in plan.blocks[0].members}
+    assert any("concat" in op for op in ops)  # rotate_half

@@ -132,7 +132,8 @@ def gpt2_attention(batch=1, seq=64, heads=4, head_dim=16, dtype="float32", proje
 
 
 def llama_attention(batch=1, seq=64, heads=8, kv_heads=2, head_dim=16, dtype="float32",
-                    project=False, mask="triu", kv_seq=None, seed=0) -> onnx.ModelProto:
+                    project=False, mask="triu", kv_seq=None, rope=False,
+                    seed=0) -> onnx.ModelProto:
     """Llama: GQA (K, V with ``kv_heads`` heads, ``repeat_kv`` by Unsqueeze/Expand/Reshape),
     ``Mul`` by ``head_dim**-0.5``, a causal mask and an fp32 softmax.
 
@@ -144,6 +145,10 @@ def llama_attention(batch=1, seq=64, heads=8, kv_heads=2, head_dim=16, dtype="fl
 
     ``kv_seq`` (an int or a name) makes K and V a cache of that length, the decode shape
     (``seq=1``: one new token against the cache); it needs ``mask="none"``.
+
+    ``rope``: rotary position embeddings on Q and K as transformers applies them
+    (``q·cos + rotate_half(q)·sin``, ``rotate_half`` by Slice, Neg, Concat), with ``cos`` and
+    ``sin`` ``[batch, seq, head_dim]`` graph inputs (the decoder layer receives them).
     """
     if heads % kv_heads:
         raise ValueError(f"heads={heads} is not a multiple of kv_heads={kv_heads}")
@@ -173,6 +178,20 @@ def llama_attention(batch=1, seq=64, heads=8, kv_heads=2, head_dim=16, dtype="fl
         e = b.node("Expand", b.node("Unsqueeze", t, b.ints([2])), target)
         return b.node("Reshape", e, b.ints([0, heads, -1, head_dim]))
 
+    if rope:
+        cos = b.node("Unsqueeze", b.add_input("cos", [batch, seq, head_dim], b.elem),
+                     b.ints([1]))
+        sin = b.node("Unsqueeze", b.add_input("sin", [batch, seq, head_dim], b.elem),
+                     b.ints([1]))
+        half = head_dim // 2
+
+        def rotary(t: str) -> str:
+            lo = b.node("Slice", t, b.ints([0]), b.ints([half]), b.ints([3]))
+            hi = b.node("Slice", t, b.ints([half]), b.ints([head_dim]), b.ints([3]))
+            rot = b.node("Concat", b.node("Neg", hi), lo, axis=3)
+            return b.node("Add", b.node("Mul", t, cos), b.node("Mul", rot, sin))
+
+        q, k = rotary(q), rotary(k)
     k, v = repeat_kv(k), repeat_kv(v)
     s = b.node("MatMul", q, b.node("Transpose", k, perm=[0, 1, 3, 2]))
     s = b.node("Mul", s, b.const(head_dim ** -0.5))

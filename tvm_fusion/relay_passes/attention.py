@@ -20,8 +20,9 @@ names (``tir_schedules/attention_match.py`` reads the TIR):
 
 The block also takes what only it reads: the data movement in front of Q, K and V (head split
 reshapes and transposes, the ``Split`` of a fused QKV projection, the GQA ``Expand``/``Reshape``
-of key/value heads, gathers with constant indices), arithmetic on the query side (a scale on Q),
-what computes the masks (``Trilu``, broadcasts, comparisons), and the head merge after ``·V``.
+of key/value heads, gathers with constant indices), their element-wise prologues (a scale on Q,
+RoPE on Q and K), what computes the masks (``Trilu``, broadcasts, comparisons), and the head
+merge after ``·V``.
 Everything it takes becomes an index change or a prologue in the template's loads.
 
 A candidate is refused (a typed :class:`~.rejection.RejectReason`) when the scores or
@@ -328,9 +329,10 @@ def _epilogue(ecg: ECG, facts: _Facts, pv: int) -> set[int]:
 
 
 def _grow_producers(ecg: ECG, members: set[int], role: dict) -> None:
-    """Add the producers only the block reads, to a fixed point: data movement on every side;
-    arithmetic only where it is computed once per use (the query and score sides: the key and
-    value sides are re-read by every query tile)."""
+    """Add the producers only the block reads, to a fixed point: data movement and
+    element-wise arithmetic (never a Many-to-Many operator). The CPU kernel evaluates K- and
+    V-side prologues once per head when it packs them (RoPE on K costs a few operations per
+    key), Q-side ones once per query block, score-side ones per score."""
     nodes = ecg.nodes
     changed = True
     while changed:
@@ -346,8 +348,6 @@ def _grow_producers(ecg: ECG, members: set[int], role: dict) -> None:
                     continue
                 # an operand's own side, else the sides of what reads it
                 sides = {role[p]} if p in role else {role.get(s, "k") for s in node.succs}
-                if node.flops > 0 and not sides <= {"q", "score"}:
-                    continue
                 members.add(p)
                 role[p] = "q" if sides == {"q"} else ("score" if "score" in sides else
                                                       sorted(sides)[0])

@@ -116,8 +116,9 @@ def choose_tiles(pattern: AttentionPattern, params: CpuParams,
     fixed = bk * (dk + dvp) * elem
     bq = max(mr, ((l2 // 2 - fixed) // per_row) // mr * mr)
     bq = min(bq, _MAX_BQ // mr * mr or mr)
-    if rows_hint is not None:
-        bq = min(bq, _ceil_to(max(rows_hint, 1), mr))
+    if rows_hint is not None:  # blocks of equal size: 128 rows are 2 x 66, not 126 + 2
+        blocks = -(-max(rows_hint, 1) // bq)
+        bq = min(bq, _ceil_to(-(-max(rows_hint, 1) // blocks), mr))
     return AttentionTiles(bq, bk, mr, nr, nv, lanes)
 
 
@@ -160,8 +161,18 @@ def mask_regions(pattern: AttentionPattern) -> list[MaskRegion]:
                 slope, offset = _affine_in(value, pattern.s, ana)
                 if slope is None and any(v.same_as(pattern.s) for v in free_vars(value)):
                     continue
+                if _never_masks(offset):
+                    continue  # the unmasked side (s·a + 0): testing it only costs
                 regions.append(MaskRegion(cond, polarity, value, slope, offset))
     return regions
+
+
+def _never_masks(offset) -> bool:
+    """A compile-time offset above -1000: exp(offset + ... - m) is not 0 for ordinary scores,
+    so a tile there is never skipped (masks use -1e4, -1e9, the lowest float or -inf)."""
+    if isinstance(offset, tirx.FloatImm):
+        return float(offset.value) > -1e3
+    return False
 
 
 def _is_size(var, pattern: AttentionPattern) -> bool:
@@ -479,55 +490,72 @@ class _CpuEmitter:
 
     def _online_softmax(self, sc, mrow, lrow, corr, batch, i0, nq, j0, nk):
         t = self.t
-        lanes = t.lanes
         with T.serial(0, t.bq) as r:
             with T.If(r < nq):
                 with T.Then():
                     i = i0 + r
                     with T.If(nk == t.bk):
                         with T.Then():
-                            self._row(sc, mrow, lrow, corr, r, batch, i, j0, t.bk, lanes)
+                            self._row(sc, mrow, lrow, corr, r, batch, i, j0, t.bk)
                         with T.Else():
-                            self._row(sc, mrow, lrow, corr, r, batch, i, j0, nk, 1)
+                            self._row(sc, mrow, lrow, corr, r, batch, i, j0, nk)
                 with T.Else():
                     T.buffer_store(corr, tirx.const(1.0, F32), [r])
                     with T.serial(0, t.bk) as c:
                         T.buffer_store(sc, tirx.const(0.0, F32), [r, c])
 
-    def _row(self, sc, mrow, lrow, corr, r, batch, i, j0, count, lanes):
-        """One row of the tile: scores, running max, exponentials, running sum. ``lanes`` > 1
-        is the full tile (vectorised, ``count`` a constant); 1 is the partial last tile."""
+    def _row(self, sc, mrow, lrow, corr, r, batch, i, j0, count):
+        """One row of the tile: scores, running max, exponentials, running sum; vectorised
+        over whole registers of keys, a partial tile's last ``count % lanes`` keys scalar
+        (``count`` is the constant ``bk`` on a full tile)."""
         p, t = self.p, self.t
+        lanes = t.lanes
         m_old = mrow[r]
         part = T.alloc_buffer((lanes,), F32, scope="local")
+        tail = T.alloc_buffer((2,), F32, scope="local")  # the scalar keys' max, then sum
+        tmp = T.alloc_buffer((lanes,), F32, scope="local")  # one value, read twice
+        vec = count // lanes if isinstance(count, int) else tirx.floordiv(count, lanes)
+        rest = vec * lanes
+
+        def scalars():
+            return T.serial(rest, count) if not isinstance(count, int) else None
+
         with T.vectorized(0, lanes) as ln:
             T.buffer_store(part, m_old, [ln])
-        outer = count // lanes if isinstance(count, int) else count
-        tmp = T.alloc_buffer((lanes,), F32, scope="local")  # one value, read twice
-        with T.serial(0, outer) as co:
+        T.buffer_store(tail, m_old, [0])
+        with T.serial(0, vec) as co:
             with T.vectorized(0, lanes) as ln:
                 c = co * lanes + ln
                 T.buffer_store(tmp, value_at(p.score, p, batch, i=i, j=j0 + c, s=sc[r, c]), [ln])
                 T.buffer_store(sc, tmp[ln], [r, c])
                 T.buffer_store(part, tirx.max(part[ln], tmp[ln]), [ln])
+        if scalars() is not None:
+            with scalars() as c:
+                T.buffer_store(sc, value_at(p.score, p, batch, i=i, j=j0 + c, s=sc[r, c]),
+                               [r, c])
+                T.buffer_store(tail, tirx.max(tail[0], sc[r, c]), [0])
         m_new = T.alloc_buffer((1,), F32, scope="local")
-        T.buffer_store(m_new, part[0], [0])
-        for ln in range(1, lanes):
+        T.buffer_store(m_new, tail[0], [0])
+        for ln in range(lanes):
             T.buffer_store(m_new, tirx.max(m_new[0], part[ln]), [0])
         with T.vectorized(0, lanes) as ln:
             T.buffer_store(part, tirx.const(0.0, F32), [ln])
-        with T.serial(0, outer) as co:
+        T.buffer_store(tail, tirx.const(0.0, F32), [1])
+        with T.serial(0, vec) as co:
             with T.vectorized(0, lanes) as ln:
                 c = co * lanes + ln
                 T.buffer_store(tmp, tirx.exp(sc[r, c] - m_new[0]), [ln])
                 T.buffer_store(sc, tmp[ln], [r, c])
                 T.buffer_store(part, part[ln] + tmp[ln], [ln])
-        if not isinstance(count, int):  # the partial tile: padding keys weigh nothing
-            with T.serial(count, t.bk) as c:
+        if scalars() is not None:
+            with scalars() as c:
+                T.buffer_store(sc, tirx.exp(sc[r, c] - m_new[0]), [r, c])
+                T.buffer_store(tail, tail[1] + sc[r, c], [1])
+            with T.serial(count, t.bk) as c:  # the padding keys weigh nothing
                 T.buffer_store(sc, tirx.const(0.0, F32), [r, c])
         total = T.alloc_buffer((1,), F32, scope="local")
-        T.buffer_store(total, part[0], [0])
-        for ln in range(1, lanes):
+        T.buffer_store(total, tail[1], [0])
+        for ln in range(lanes):
             T.buffer_store(total, total[0] + part[ln], [0])
         scale = tirx.exp(m_old - m_new[0])
         T.buffer_store(corr, scale, [r])

@@ -277,6 +277,59 @@ def promote_f32(expr):
                     tvm.ir.Call), rebuild)])
 
 
+def fold_selections(expr, ana: sym.Analyzer):
+    """Boolean masks as exporters write them, folded to their condition: ``Cast(bool,
+    Select(c, 1.0, 0.0))`` is ``c``, ``0 < Cast(int, c)`` is ``c``, ``Select(c, True,
+    False)`` is ``c`` (a causal ``Where(Cast(bool, Trilu(ones)), s, -inf)`` becomes
+    ``Select(j <= i, s, -inf)``: one compare per score instead of a chain of conversions)."""
+
+    def const(e):
+        e = ana.simplify(e)
+        return float(e.value) if isinstance(e, (tirx.FloatImm, tirx.IntImm)) else None
+
+    def fold(e):
+        if isinstance(e, tirx.Cast):
+            inner = e.value
+            target = str(e.ty)
+            if isinstance(inner, tirx.Select):
+                a, b = const(inner.true_value), const(inner.false_value)
+                if a is not None and b is not None:
+                    if target == "bool":
+                        if a != 0 and b == 0:
+                            return inner.condition
+                        if a == 0 and b != 0:
+                            return tirx.Not(inner.condition)
+                    return tirx.Select(inner.condition, tirx.const(a, target),
+                                       tirx.const(b, target))
+            if str(inner.ty) == "bool" and target.startswith(("int", "uint")):
+                return tirx.Select(inner, tirx.const(1, target), tirx.const(0, target))
+            return e
+        if isinstance(e, (tirx.LT, tirx.GT, tirx.NE, tirx.GE, tirx.LE, tirx.EQ)):
+            for sel, other, flip in ((e.b, e.a, False), (e.a, e.b, True)):
+                if isinstance(sel, tirx.Select) and const(other) is not None:
+                    a, b = const(sel.true_value), const(sel.false_value)
+                    if a is None or b is None:
+                        continue
+                    cmp = type(e)
+                    pick = [bool(ana.simplify(cmp(tirx.const(v, str(sel.ty)), other) if flip
+                                              else cmp(other, tirx.const(v, str(sel.ty)))))
+                            for v in (a, b)]
+                    if pick == [True, False]:
+                        return sel.condition
+                    if pick == [False, True]:
+                        return tirx.Not(sel.condition)
+            return e
+        if isinstance(e, tirx.Select) and str(e.ty) == "bool":
+            a, b = const(e.true_value), const(e.false_value)
+            if a is not None and b is not None and bool(a) != bool(b):
+                return e.condition if a else tirx.Not(e.condition)
+        return e
+
+    return tvm_ffi.structural_map(
+        expr, [((tirx.Cast, tirx.LT, tirx.GT, tirx.NE, tirx.GE, tirx.LE, tirx.EQ,
+                 tirx.Select), fold)])
+
+
 # ----------------------------------------------------------------------------- definitions
 
 
@@ -509,7 +562,7 @@ def match_attention(func: tirx.PrimFunc) -> AttentionPattern:
         return tirx.Cast(str(ld.ty), s) if ld.source.same_as(qk.buffer) else ld
 
     score_fn = tvm_ffi.structural_map(score, [(TensorLoad, replace_scores)])
-    score_fn = promote_f32(score_fn)
+    score_fn = fold_selections(promote_f32(score_fn), ana)
     for expr, what in ((query, "Q"), (key, "K"), (value, "V"), (score_fn, "the scores")):
         if reads_reduction(expr):
             raise NotAttention(f"{what} reads a reduction result")

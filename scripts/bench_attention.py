@@ -5,10 +5,12 @@ Two parts, both on the CPU target of this machine (``--target`` to name another)
 ``llama``
     The attention of a Llama-style layer (32 query heads, 4 key/value heads, head size 64,
     causal ``triu`` mask, GQA ``repeat_kv``) built with a symbolic sequence length
-    (``tvm_fusion/models/attention.py``), compiled once by tvm_fusion (attention fused) and
-    once by stock FuseOps with the same schedules (``compile_model(strategy="tvm",
-    schedule=True)``). For every length: the two outputs compared, then calls alternated
-    (ours, stock, ours, …) for at least ``--seconds`` each (at least 3 calls), medians.
+    (``tvm_fusion/models/attention.py``) whose upper bound is the longest length measured
+    (``tir_var_upper_bound``, so that TVM plans the memory of symbolic tensors), compiled once
+    by tvm_fusion (attention fused) and once by stock FuseOps with the same schedules
+    (``compile_model(strategy="tvm", schedule=True)``). For every length: the two outputs
+    compared, then calls alternated (ours, stock, ours, …) for at least ``--seconds`` each
+    (at least 3 calls), medians.
     At ``--memory-seq`` the planned activation memory of both builds: what Relax's
     ``StaticPlanBlockMemory`` allocates for the model at that length (storages plus unplanned
     tensors), the largest single buffer, and the fused kernel's own per-task workspace.
@@ -52,15 +54,39 @@ from tvm_fusion.feeds import random_inputs  # noqa: E402
 from tvm_fusion.models.attention import llama_attention  # noqa: E402
 from tvm_fusion.numerics import max_abs_error, onnx_reference  # noqa: E402
 from tvm_fusion.target import host_target_dict, to_target  # noqa: E402
+from tvm_fusion.tir_schedules.attention_match import substitute  # noqa: E402
+from tvm_fusion.tir_utils import find_all  # noqa: E402
 from tvm_fusion.transform import Sequential  # noqa: E402
 
 STOCK = {"strategy": "tvm", "schedule": True}  # FuseOps groups, tvm_fusion's schedules
 
 
+def with_upper_bound(mod: tvm.IRModule, sizes: dict) -> tvm.IRModule:
+    """``mod`` whose ``main`` declares upper bounds of its symbolic sizes
+    (``tir_var_upper_bound``): TVM's StaticPlanBlockMemory then plans (and reuses) storage for
+    symbolic tensors too, as LLM deployments compile them; without it every intermediate is
+    allocated at run time, all alive at once (stock FuseOps at 4,096 needed 18.9 GB)."""
+    mod = mod.clone()
+    mod["main"] = mod["main"].with_attr("tir_var_upper_bound", dict(sizes))
+    return mod
+
+
 def planned_memory(mod: tvm.IRModule, target, **options) -> dict:
-    """Bytes the Relax VM allocates for ``mod`` (static shapes) after TVM's memory planning:
-    every ``alloc_storage`` StaticPlanBlockMemory leaves in ``main`` plus tensors it could not
-    plan, and the largest of them."""
+    """Bytes the Relax VM allocates for ``mod`` after TVM's memory planning: every
+    ``alloc_storage`` StaticPlanBlockMemory leaves in ``main`` plus tensors it could not plan
+    (symbolic sizes at their ``tir_var_upper_bound``), and the largest of them."""
+    attrs = mod["main"].attrs
+    bounds = {str(k): int(v) for k, v in (attrs["tir_var_upper_bound"].items()
+                                          if attrs is not None and "tir_var_upper_bound" in attrs
+                                          else [])}
+
+    def size(dim) -> int:
+        """A (symbolic) extent at the declared upper bounds."""
+        names = {v.name: v for v in find_all(dim, tvm.ir.Var)}
+        dim = substitute(dim, {v: tvm.tirx.const(bounds[n], v.ty.dtype if hasattr(
+            v.ty, "dtype") else "int64") for n, v in names.items()})
+        return int(tvm.sym.Analyzer().simplify(dim))
+
     with target:
         graph = Sequential(target, **options)(mod)
         passes = cpu_backend.dataflow_lower_passes(target) + [
@@ -72,9 +98,9 @@ def planned_memory(mod: tvm.IRModule, target, **options) -> dict:
         if not (isinstance(node, relax.Call) and isinstance(node.op, tvm.ir.Op)):
             return
         if node.op.name == "relax.memory.alloc_storage":
-            sizes.append(int(node.args[0].values[0]))
+            sizes.append(size(node.args[0].values[0]))
         elif node.op.name == "relax.builtin.alloc_tensor":
-            shape = [int(d) for d in node.args[0].values]
+            shape = [size(d) for d in node.args[0].values]
             dtype = node.args[1].value
             sizes.append(int(np.prod(shape)) * tvm.runtime.DataType(str(dtype)).bits // 8)
 
@@ -141,7 +167,8 @@ def run_once(executable, inputs) -> list[np.ndarray]:
 
 def bench_llama(target, seqs, seconds, memory_seq, heads=32, kv_heads=4, head_dim=64):
     model = llama_attention(seq="seq", heads=heads, kv_heads=kv_heads, head_dim=head_dim)
-    mod = import_onnx(model)
+    symbolic = import_onnx(model)
+    mod = with_upper_bound(symbolic, {"seq": max(seqs)})
     t0 = time.perf_counter()
     ours = compile_model(mod, target)
     stock = compile_model(mod, target, **STOCK)
@@ -163,14 +190,16 @@ def bench_llama(target, seqs, seconds, memory_seq, heads=32, kv_heads=4, head_di
               f"{row['speedup']:.2f}x, max |fused - stock| {err:.2e}", flush=True)
     memory = None
     if memory_seq:
-        static = import_onnx(llama_attention(seq=memory_seq, heads=heads, kv_heads=kv_heads,
-                                             head_dim=head_dim))
-        ours_mem = planned_memory(static, target)
-        stock_mem = planned_memory(static, target, **STOCK)
+        bounded = with_upper_bound(symbolic, {"seq": memory_seq})
+        ours_mem = planned_memory(bounded, target)
+        stock_mem = planned_memory(bounded, target, **STOCK)
         memory = {"seq": memory_seq, "fused": ours_mem, "stock": stock_mem,
                   "ratio": ours_mem["bytes"] / max(stock_mem["bytes"], 1),
                   "score_matrix_bytes": 4 * heads * memory_seq * memory_seq,
-                  "fused_kernel_workspace_per_task": kernel_workspace(static, target)}
+                  "fused_kernel_workspace_per_task": kernel_workspace(
+                      import_onnx(llama_attention(seq=memory_seq, heads=heads,
+                                                  kv_heads=kv_heads, head_dim=head_dim)),
+                      target)}
         print(f"  planned activation memory at {memory_seq}: fused "
               f"{ours_mem['bytes'] / 2**20:.1f} MiB (largest {ours_mem['largest'] / 2**20:.1f}),"
               f" stock {stock_mem['bytes'] / 2**20:.1f} MiB (largest "

@@ -41,6 +41,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+import tvm
 import tvm_ffi
 from tvm import sym, tirx
 from tvm.script.ir_builder import IRBuilder
@@ -204,18 +205,42 @@ def _position_free(value, pattern: AttentionPattern) -> bool:
 
 def _affine_in(value, s, ana):
     """(slope, offset) with value = slope·s + offset, or (None, value) if ``s`` is absent;
-    (None, None) when ``value`` is not affine in ``s``."""
-    if not any(v.same_as(s) for v in free_vars(value)):
+    (None, None) when ``value`` is not affine in ``s`` (read off the expression: sums,
+    differences, products and quotients by ``s``-free terms, float casts)."""
+
+    def has_s(e) -> bool:
+        return any(v.same_as(s) for v in free_vars(e))
+
+    def split(e):
+        if not has_s(e):
+            return tirx.const(0.0, F32), e
+        if isinstance(e, tvm.ir.Var) and e.same_as(s):
+            return tirx.const(1.0, F32), tirx.const(0.0, F32)
+        if isinstance(e, tirx.Cast) and str(e.ty) == F32:
+            return split(e.value)
+        if isinstance(e, (tirx.Add, tirx.Sub)):
+            a, b = split(e.a), split(e.b)
+            if a is None or b is None:
+                return None
+            op = type(e)
+            return op(a[0], b[0]), op(a[1], b[1])
+        if isinstance(e, tirx.Mul):
+            for x, y in ((e.a, e.b), (e.b, e.a)):
+                if not has_s(y):
+                    inner = split(x)
+                    return None if inner is None else (inner[0] * y, inner[1] * y)
+            return None
+        if isinstance(e, tirx.Div) and not has_s(e.b):
+            inner = split(e.a)
+            return None if inner is None else (inner[0] / e.b, inner[1] / e.b)
+        return None
+
+    if not has_s(value):
         return None, value
-    zero = ana.simplify(substitute(value, {s: tirx.const(0.0, F32)}))
-    one = ana.simplify(substitute(value, {s: tirx.const(1.0, F32)}))
-    slope = ana.simplify(one - zero)
-    # check at another point: affine functions agree, anything else is refused
-    two = ana.simplify(substitute(value, {s: tirx.const(2.0, F32)}))
-    if not _equal(ana.simplify(zero + slope * tirx.const(2.0, F32)), two) or any(
-            v.same_as(s) for v in free_vars(slope)):
+    found = split(value)
+    if found is None:
         return None, None
-    return slope, zero
+    return ana.simplify(found[0]), ana.simplify(found[1])
 
 
 def box_condition(cond, polarity: bool, pattern: AttentionPattern, i_lo, i_hi, j_lo, j_hi):

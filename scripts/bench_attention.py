@@ -11,9 +11,12 @@ Two parts, both on the CPU target of this machine (``--target`` to name another)
     (``compile_model(strategy="tvm", schedule=True)``). For every length: the two outputs
     compared, then calls alternated (ours, stock, ours, …) for at least ``--seconds`` each
     (at least 3 calls), medians.
-    At ``--memory-seq`` the planned activation memory of both builds: what Relax's
-    ``StaticPlanBlockMemory`` allocates for the model at that length (storages plus unplanned
-    tensors), the largest single buffer, and the fused kernel's own per-task workspace.
+    At ``--memory-seq`` the activation memory of both builds: what Relax's
+    ``StaticPlanBlockMemory`` allocates at that length (storages plus unplanned tensors) plus
+    the largest workspace a kernel allocates inside itself (a stock kernel keeps its score
+    buffers there; the fused kernel its packed K and V per task). ``--static-seqs`` also
+    compares static-length builds; ``--fused-only-seqs`` times the fused build alone where the
+    stock build cannot run here.
 
 ``zoo``
     Whole models (``--models``, from ``--models-dir``): built with attention fusion on and off
@@ -72,9 +75,11 @@ def with_upper_bound(mod: tvm.IRModule, sizes: dict) -> tvm.IRModule:
 
 
 def planned_memory(mod: tvm.IRModule, target, **options) -> dict:
-    """Bytes the Relax VM allocates for ``mod`` after TVM's memory planning: every
-    ``alloc_storage`` StaticPlanBlockMemory leaves in ``main`` plus tensors it could not plan
-    (symbolic sizes at their ``tir_var_upper_bound``), and the largest of them."""
+    """Activation memory of ``mod``'s build: what the Relax VM allocates after TVM's memory
+    planning (every ``alloc_storage`` StaticPlanBlockMemory leaves in ``main`` plus tensors it
+    could not plan; symbolic sizes at their ``tir_var_upper_bound``), and the largest
+    workspace one kernel allocates inside itself (buffers a fused kernel keeps; allocations
+    inside a parallel loop times the target's cores); their sum is the peak."""
     attrs = mod["main"].attrs
     bounds = {str(k): int(v) for k, v in (attrs["tir_var_upper_bound"].items()
                                           if attrs is not None and "tir_var_upper_bound" in attrs
@@ -83,9 +88,14 @@ def planned_memory(mod: tvm.IRModule, target, **options) -> dict:
     def size(dim) -> int:
         """A (symbolic) extent at the declared upper bounds."""
         names = {v.name: v for v in find_all(dim, tvm.ir.Var)}
-        dim = substitute(dim, {v: tvm.tirx.const(bounds[n], v.ty.dtype if hasattr(
-            v.ty, "dtype") else "int64") for n, v in names.items()})
+        dim = substitute(dim, {v: tvm.tirx.const(bounds[n], "int64") for n, v in names.items()})
         return int(tvm.sym.Analyzer().simplify(dim))
+
+    def nbytes(buf) -> int:
+        count = 1
+        for d in buf.ty.shape:
+            count *= size(d)
+        return count * tvm.runtime.DataType(str(buf.ty.dtype)).bits // 8
 
     with target:
         graph = Sequential(target, **options)(mod)
@@ -105,32 +115,21 @@ def planned_memory(mod: tvm.IRModule, target, **options) -> dict:
             sizes.append(int(np.prod(shape)) * tvm.runtime.DataType(str(dtype)).bits // 8)
 
     relax.analysis.post_order_visit(lowered["main"], visit)
-    return {"bytes": int(sum(sizes)), "largest": int(max(sizes, default=0)),
-            "buffers": len(sizes)}
-
-
-def kernel_workspace(mod: tvm.IRModule, target) -> int:
-    """Bytes the fused attention kernels allocate per running task (packed K and V of one
-    head, the tiles): what they use instead of a score matrix, per thread."""
-    from tvm_fusion.tir_schedules.attention import choose_tiles, tile_bytes
-    from tvm_fusion.tir_schedules.attention_match import NotAttention, match_attention
-    from tvm_fusion.tir_schedules.cpu_target import cpu_params
-
-    with target:
-        fused = Sequential(target, schedule=False)(mod)
-    total = 0
-    for func in fused.functions.values():
+    cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else 1
+    workspace = 0
+    for func in graph.functions.values():
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
-        try:
-            pattern = match_attention(func)
-        except NotAttention:
-            continue
-        tiles = choose_tiles(pattern, cpu_params(target))
-        keys = -(-int(pattern.sk) // tiles.bk) * tiles.bk
-        dvp = -(-pattern.dv // tiles.lanes) * tiles.lanes
-        total = max(total, tile_bytes(pattern, tiles) + 4 * keys * (pattern.dk + dvp + 2))
-    return total
+        root = getattr(func.body, "block", None)
+        total = sum(nbytes(b) for b in (root.alloc_buffers if root is not None else [])
+                    if b.scope() != "local")
+        total += cores * sum(nbytes(a.buffer) for a in find_all(func.body, tvm.tirx.AllocBuffer)
+                             if a.buffer.scope() != "local")
+        workspace = max(workspace, total)
+    relax_bytes = int(sum(sizes))
+    return {"bytes": relax_bytes + workspace, "relax": relax_bytes,
+            "kernel_workspace": workspace, "largest": int(max(sizes + [workspace])),
+            "buffers": len(sizes)}
 
 
 def alternate(calls: dict, seconds: float, minimum: int = 3) -> dict:
@@ -165,10 +164,11 @@ def run_once(executable, inputs) -> list[np.ndarray]:
 # --------------------------------------------------------------------------------- llama
 
 
-def bench_llama(target, seqs, seconds, memory_seq, heads=32, kv_heads=4, head_dim=64):
+def bench_llama(target, seqs, seconds, memory_seq, static_seqs=(), fused_only=(), heads=32,
+                kv_heads=4, head_dim=64):
     model = llama_attention(seq="seq", heads=heads, kv_heads=kv_heads, head_dim=head_dim)
     symbolic = import_onnx(model)
-    mod = with_upper_bound(symbolic, {"seq": max(seqs)})
+    mod = with_upper_bound(symbolic, {"seq": max(list(seqs) + list(fused_only))})
     t0 = time.perf_counter()
     ours = compile_model(mod, target)
     stock = compile_model(mod, target, **STOCK)
@@ -188,6 +188,29 @@ def bench_llama(target, seqs, seconds, memory_seq, heads=32, kv_heads=4, head_di
         rows.append(row)
         print(f"  seq {seq}: fused {row['fused_ms']:.1f} ms, stock {row['stock_ms']:.1f} ms, "
               f"{row['speedup']:.2f}x, max |fused - stock| {err:.2e}", flush=True)
+    static_rows = []
+    for seq in static_seqs:
+        fixed = llama_attention(seq=seq, heads=heads, kv_heads=kv_heads, head_dim=head_dim)
+        fmod = import_onnx(fixed)
+        fused_s, stock_s = compile_model(fmod, target), compile_model(fmod, target, **STOCK)
+        feeds = random_inputs(fixed, seed=0)
+        inputs = [feeds[n] for n in graph_input_names(fixed)]
+        err = max_abs_error(run_once(fused_s, inputs), run_once(stock_s, inputs))
+        t = alternate({"fused": vm_call(fused_s, inputs), "stock": vm_call(stock_s, inputs)},
+                      seconds)
+        static_rows.append({"seq": seq, "fused_ms": t["fused"] * 1e3,
+                            "stock_ms": t["stock"] * 1e3, "speedup": t["stock"] / t["fused"],
+                            "max_abs_err_vs_stock": err})
+        print(f"  static {seq}: fused {t['fused'] * 1e3:.1f} ms, stock {t['stock'] * 1e3:.1f} "
+              f"ms, {t['stock'] / t['fused']:.2f}x, max |fused - stock| {err:.2e}", flush=True)
+    alone = []
+    for seq in fused_only:
+        feeds = random_inputs(model, seed=0, shape_overrides={"seq": seq})
+        inputs = [feeds[n] for n in graph_input_names(model)]
+        t = alternate({"fused": vm_call(ours, inputs)}, seconds)
+        alone.append({"seq": seq, "fused_ms": t["fused"] * 1e3,
+                      "why": "its build needs more memory than this machine has"})
+        print(f"  seq {seq}: fused alone {t['fused'] * 1e3:.1f} ms", flush=True)
     memory = None
     if memory_seq:
         bounded = with_upper_bound(symbolic, {"seq": memory_seq})
@@ -195,17 +218,11 @@ def bench_llama(target, seqs, seconds, memory_seq, heads=32, kv_heads=4, head_di
         stock_mem = planned_memory(bounded, target, **STOCK)
         memory = {"seq": memory_seq, "fused": ours_mem, "stock": stock_mem,
                   "ratio": ours_mem["bytes"] / max(stock_mem["bytes"], 1),
-                  "score_matrix_bytes": 4 * heads * memory_seq * memory_seq,
-                  "fused_kernel_workspace_per_task": kernel_workspace(
-                      import_onnx(llama_attention(seq=memory_seq, heads=heads,
-                                                  kv_heads=kv_heads, head_dim=head_dim)),
-                      target)}
-        print(f"  planned activation memory at {memory_seq}: fused "
-              f"{ours_mem['bytes'] / 2**20:.1f} MiB (largest {ours_mem['largest'] / 2**20:.1f}),"
-              f" stock {stock_mem['bytes'] / 2**20:.1f} MiB (largest "
-              f"{stock_mem['largest'] / 2**20:.1f}); ratio {memory['ratio']:.3f}", flush=True)
+                  "score_matrix_bytes": 4 * heads * memory_seq * memory_seq}
+        print(f"  activation memory at {memory_seq}: fused {ours_mem}, stock {stock_mem}; ratio "
+              f"{memory['ratio']:.4f}", flush=True)
     return {"model": "llama attention (32 q heads, 4 kv heads, head 64, causal, symbolic seq)",
-            "rows": rows, "memory": memory}
+            "rows": rows, "memory": memory, "static": static_rows, "fused_only": alone}
 
 
 # ----------------------------------------------------------------------------------- zoo
@@ -258,14 +275,28 @@ def markdown(result: dict) -> str:
         mem = llama.get("memory")
         if mem:
             mib = 2 ** 20
-            lines += ["", f"Planned activation memory at {mem['seq']} (StaticPlanBlockMemory):"
-                      f" fused {mem['fused']['bytes'] / mib:.1f} MiB (largest buffer "
-                      f"{mem['fused']['largest'] / mib:.1f} MiB), stock "
-                      f"{mem['stock']['bytes'] / mib:.1f} MiB (largest "
-                      f"{mem['stock']['largest'] / mib:.1f} MiB): **{mem['ratio']:.3f}** of "
-                      f"stock; one score matrix is {mem['score_matrix_bytes'] / mib:.0f} MiB; "
-                      f"the fused kernel's workspace per running task "
-                      f"{mem['fused_kernel_workspace_per_task'] / mib:.2f} MiB."]
+            lines += ["", f"Activation memory at {mem['seq']} (Relax after StaticPlanBlockMemory"
+                      " + the largest workspace a kernel allocates inside itself):", "",
+                      "| build | Relax planned (MiB) | kernel workspace (MiB) | peak (MiB) |",
+                      "|---|---|---|---|"]
+            for name in ("fused", "stock"):
+                m = mem[name]
+                lines.append(f"| {name} | {m['relax'] / mib:.1f} | "
+                             f"{m['kernel_workspace'] / mib:.1f} | {m['bytes'] / mib:.1f} |")
+            lines += ["", f"Fused / stock: **{mem['ratio']:.4f}**; one score matrix is "
+                          f"{mem['score_matrix_bytes'] / mib:.0f} MiB."]
+        static = llama.get("static")
+        if static:
+            lines += ["", "Static-length builds (one module per length; the causal mask is "
+                          "then a folded constant, so the fused kernel skips nothing):", "",
+                      "| sequence | fused (ms) | stock (ms) | speed-up |", "|---|---|---|---|"]
+            for r in static:
+                lines.append(f"| {r['seq']} | {r['fused_ms']:.1f} | {r['stock_ms']:.1f} | "
+                             f"**{r['speedup']:.2f}×** |")
+        alone = llama.get("fused_only")
+        if alone:
+            lines += [""] + [f"Fused alone at {r['seq']}: {r['fused_ms']:.1f} ms (stock not run:"
+                             f" {r['why']})." for r in alone]
     zoo = result.get("zoo")
     if zoo:
         lines += ["", "| model | attention on (ms) | off (ms) | off / on | max err vs ORT "
@@ -282,6 +313,10 @@ def main(argv=None) -> int:
     parser.add_argument("part", choices=["llama", "zoo", "all"])
     parser.add_argument("--target", default=None, help="JSON target (default: this CPU)")
     parser.add_argument("--seqs", default="512,1024,2048,4096")
+    parser.add_argument("--static-seqs", default="",
+                        help="also compare static-length builds at these lengths")
+    parser.add_argument("--fused-only-seqs", default="",
+                        help="time the fused build alone at these lengths (stock cannot run)")
     parser.add_argument("--memory-seq", type=int, default=2048)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--models", default="bert_base,gpt2,vit_b16,swin_t")
@@ -301,8 +336,10 @@ def main(argv=None) -> int:
               "target": str(target.export() if hasattr(target, "export") else target),
               "threads": threads or "default", "when": time.strftime("%Y-%m-%d %H:%M")}
     if args.part in ("llama", "all"):
-        seqs = [int(s) for s in args.seqs.split(",") if s]
-        result["llama"] = bench_llama(target, seqs, args.seconds, args.memory_seq)
+        ints = [[int(x) for x in text.split(",") if x]
+                for text in (args.seqs, args.static_seqs, args.fused_only_seqs)]
+        result["llama"] = bench_llama(target, ints[0], args.seconds, args.memory_seq, ints[1],
+                                      ints[2])
     if args.part in ("zoo", "all"):
         result["zoo"] = bench_zoo(target, [m for m in args.models.split(",") if m],
                                   args.models_dir, args.seconds)

@@ -46,6 +46,7 @@ from .relay_passes.rewrite.math_properties import RewriteByMathProperties
 from .relay_passes.take_bounds import ClampTakeIndices
 from .tir_schedules.fused_block import ScheduleFusedBlocks
 from .tir_schedules.gpu import apply_gpu_schedules
+from .tir_schedules.noalias import MarkSingleBufferNoAlias
 
 __all__ = ["BACKENDS", "apply_gpu_schedules", "backend_of", "build", "graph_phase",
            "legalize_passes", "lowering", "schedule_passes", "smartmem_phase"]
@@ -165,8 +166,12 @@ def _tvm_backend(target: tvm.target.Target):
 
 
 def _lowering_passes(target: tvm.target.Target) -> list:
+    """TVM's lowering, then ``tirx.noalias`` on the VM's shape functions: without it TVM 0.27's
+    LLVM codegen can emit every kernel of a symbolic-shape module as possibly aliased
+    (``tir_schedules/noalias.py``)."""
     backend = _tvm_backend(target)
-    return backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+    return (backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+            + [MarkSingleBufferNoAlias()])
 
 
 def lowering(target: tvm.target.Target) -> tvm.transform.Pass:

@@ -41,6 +41,7 @@ class BlockRow:
     kernel: int
     mapping_type: str
     operators: list[str]
+    kind: str = ""  # "attention" for a planned attention block
 
 
 @dataclass
@@ -66,6 +67,7 @@ class ModelReport:
     opaque: list[str] = field(default_factory=list)
     feedback: list[str] = field(default_factory=list)  # strategy="apollo": scheduler feedback
     conv_chains: list[dict] = field(default_factory=list)  # OptiFX candidates (conv_chains=…)
+    attention: list[dict] = field(default_factory=list)  # attention candidates (attention=…)
     max_error_vs_stock: float | None = None
     max_error_vs_onnx: float | None = None
     # outputs that differ from ONNX Runtime the way stock TVM's do (ties in TopK/ArgMax indices,
@@ -140,11 +142,16 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     report.feedback = [e.describe() for e in getattr(module_plan, "feedback", [])]
     kernel = 0
     for plan in module_plan.plans.values():
+        kernel_of = {}
         for block in plan.blocks:
             nodes = [plan.ecg.nodes[i] for i in block.members]
             report.blocks.append(BlockRow(kernel, block.mapping_type.short,
-                                          [f"{n.op_name}[{n.mapping_type.short}]" for n in nodes]))
+                                          [f"{n.op_name}[{n.mapping_type.short}]" for n in nodes],
+                                          block.kind))
+            kernel_of.update({i: kernel for i in block.members})
             kernel += 1
+        report.attention += [_attention_row(plan.ecg, d, kernel_of)
+                             for d in getattr(plan, "attention", [])]
         report.rejections += [{"first": r.first, "second": r.second, "reason": r.reason.value,
                                "detail": r.detail} for r in plan.rejections]
         report.yellow += [{"first": y.first, "second": y.second, "fuse": y.decision.fuse,
@@ -222,7 +229,20 @@ def format_report(report: ModelReport, why: bool = False) -> str:
     lines.append("  fusion blocks:")
     for block in report.blocks:
         lines.append(f"    #{block.kernel:<3d} {block.mapping_type:7s} "
+                     + (f"[{block.kind}] " if block.kind else "")
                      + " -> ".join(block.operators))
+    if report.attention:
+        fused = [a for a in report.attention if a["chosen"]]
+        saved = sum(a["score_bytes"] for a in fused)
+        lines.append(f"  attention (online softmax): {len(fused)} of {len(report.attention)} "
+                     f"candidates fused, {_mb(saved)} of scores never written")
+        for a in report.attention if why else fused:
+            where = f"kernel #{a['kernel']}" if a["kernel"] is not None else "not fused"
+            lines.append(f"    {' -> '.join(a['operators'])}: {where}, {a['operators_in_block']} "
+                         f"operators, scores {'x'.join(map(str, a['score_shape']))} "
+                         f"({_mb(a['score_bytes'])})"
+                         + ("" if a["chosen"] else
+                            f"; not fused: {describe(a['rejected'], a['reason'])}"))
     if report.opaque:
         lines.append("  opaque (never fused): " + "; ".join(report.opaque))
     if report.feedback:
@@ -272,6 +292,20 @@ def operator_kind(described: str) -> str:
     Relax variable and the numbers TVM appends to repeated PrimFunc names (``conv2d`` kept)."""
     name = described.split("=", 1)[1] if "=" in described else described
     return re.sub(r"(?<=[a-z])\d+(?=_|\[|$)", "", name)
+
+
+def _attention_row(ecg, decision, kernel_of: dict) -> dict:
+    """One attention candidate for the report: its anchors, its kernel, the score bytes the
+    fused kernel never writes (every score-sized intermediate of the unfused operators)."""
+    cand = decision.candidate
+    return {"operators": [ecg.nodes[i].op_name for i in (cand.qk, cand.softmax, cand.pv)],
+            "chosen": decision.chosen,
+            "kernel": kernel_of.get(cand.pv) if decision.chosen else None,
+            "operators_in_block": len(cand.members), "score_shape": list(cand.score_shape),
+            "score_bytes": int(cand.score_bytes) if decision.chosen else 0,
+            "score_bytes_unfused": int(cand.score_bytes),
+            "rejected": decision.rejected.value if decision.rejected else None,
+            "reason": decision.reason}
 
 
 def _chain_row(ecg, decision) -> dict:

@@ -192,7 +192,8 @@ def fp16_shim(source: str) -> str:
     source = re.sub(r"#pragma OPENCL EXTENSION cl_khr_fp16 : enable", "", source)
     head = ["#define half float"] + [f"#define half{n} float{n}" for n in (2, 3, 4, 8, 16)]
     head += ["#define read_imageh read_imagef", "#define write_imageh write_imagef",
-             "#define as_half4(x) (x)", "#define as_half2(x) (x)", "#define as_half(x) (x)"]
+             "#define as_half4(x) (x)", "#define as_half2(x) (x)", "#define as_half(x) (x)",
+             "#define convert_half(x) ((float)(x))"]
     return "\n".join(head) + "\n" + source
 
 

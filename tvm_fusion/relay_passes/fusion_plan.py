@@ -114,6 +114,7 @@ class PlanOptions:
     seed_policy: str = "o2o_then_rest"
     prefer_epilogues: bool = True  # False: the listing's order (Figure 3's prologue Add)
     conv_chains: str = "off"  # OptiFX conv→conv chains: "cost_model"|"paper_1.05"|"off"
+    attention: bool = True  # Q·Kᵀ → softmax → ·V as one block (relay_passes/attention.py)
 
     def __post_init__(self):
         if self.seed_policy not in SEED_POLICIES:
@@ -135,6 +136,7 @@ class FusionBlock:
     members: list[int]  # ECG node indices, in topological order
     mapping_type: MappingType
     seed: int
+    kind: str = ""  # "attention" for a planned attention block; "" for DNNFusion's blocks
 
     def __len__(self) -> int:
         return len(self.members)
@@ -146,6 +148,7 @@ class FusionPlan:
     blocks: list[FusionBlock]
     rejections: list[Rejection]
     yellow: list[YellowDecision]
+    attention: list = field(default_factory=list)  # AttentionDecision per candidate
 
     @property
     def num_kernels(self) -> int:
@@ -155,13 +158,15 @@ class FusionPlan:
         return [b.members for b in self.blocks]
 
 
-def plan_dnnfusion(ecg: ECG, options: PlanOptions | None = None) -> FusionPlan:
-    """Run the DNNFusion planner on one ECG."""
-    return _Planner(ecg, options or PlanOptions()).run()
+def plan_dnnfusion(ecg: ECG, options: PlanOptions | None = None,
+                   fixed: list[FusionBlock] = ()) -> FusionPlan:
+    """Run the DNNFusion planner on one ECG; ``fixed`` blocks (planned attention) are taken as
+    they are and the planner grows its own blocks around them."""
+    return _Planner(ecg, options or PlanOptions(), fixed).run()
 
 
 class _Planner:
-    def __init__(self, ecg: ECG, options: PlanOptions):
+    def __init__(self, ecg: ECG, options: PlanOptions, fixed: list[FusionBlock] = ()):
         self.ecg = ecg
         self.opt = options
         self.block_of: dict[int, int] = {}
@@ -169,6 +174,12 @@ class _Planner:
         self.spans: list[tuple[int, int]] = []  # (min, max) index of each finished block
         self.rejections: dict[tuple[int, int], tuple[RejectReason, str]] = {}
         self.yellow: list[YellowDecision] = []
+        for block in fixed:
+            self.current = block
+            self.members = set(block.members)
+            for m in block.members:
+                self.block_of[m] = len(self.blocks)
+            self._close()
 
     # -------------------------------------------------------------------------------- driver
 

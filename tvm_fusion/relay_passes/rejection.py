@@ -1,7 +1,7 @@
 """Why two operators ended up in different kernels: a typed reason plus the detail text.
 
-Every planner (DNNFusion's, OptiFX's chain merging, Apollo's partition) records each
-producer → consumer pair it did not fuse as a :class:`Rejection`. Tests assert on the
+Every planner (DNNFusion's, OptiFX's chain merging, attention blocks, Apollo's partition)
+records each producer → consumer pair it did not fuse as a :class:`Rejection`. Tests assert on the
 :class:`RejectReason`; ``tvm-fusion report --why`` and the plan pictures print both.
 """
 
@@ -27,6 +27,8 @@ class RejectReason(str, enum.Enum):
     PROFITABILITY = "profitability"  # the cost model or a measurement says fusing is slower
     OVERLAP = "overlap"  # OptiFX: the conv chain overlaps a better one
     SCHEDULE_FAILURE = "schedule_failure"  # Apollo's feedback: the fused schedule failed
+    SCORES_ESCAPE = "scores_escape"  # attention: the scores/probabilities are read outside
+    ATTENTION_TEMPLATE = "attention_template"  # attention: the template refuses the fused code
 
 
 def describe(reason: RejectReason | str, detail: str) -> str:

@@ -1,5 +1,6 @@
-"""GPU schedules of fused PrimFuncs: OptiFX's overlapped-tile template for a fused conv chain,
-stock DLight rules for everything else, one function at a time."""
+"""GPU schedules of fused PrimFuncs: the generated kernel for a fused attention, OptiFX's
+overlapped-tile template for a fused conv chain, stock DLight rules for everything else, one
+function at a time."""
 
 from __future__ import annotations
 
@@ -13,15 +14,17 @@ from contextlib import contextmanager
 import tvm
 from tvm.s_tir import dlight as dl
 
+from .attention_gpu import try_schedule_attention_gpu
 from .fused_block import probe_build
 from .optifx import try_schedule_conv_chain_gpu
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ApplyGPUSchedules")
 def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """GPU schedules of every fused PrimFunc, one function at a time: a fused conv chain
-    (OptiFX) gets the overlapped-tile template, checked by ``verify_gpu_code``; everything
-    else stock DLight rules.
+    """GPU schedules of every fused PrimFunc, one function at a time: a fused attention gets
+    the generated online-softmax kernel (:mod:`.attention_gpu`), a fused conv chain (OptiFX)
+    the overlapped-tile template, checked by ``verify_gpu_code``; everything else stock DLight
+    rules.
 
     DLight's rules were written for FuseOps' groups; on a larger DNNFusion block a rule can fail
     (0.27's GEMV ``normalize`` asserts) or produce TIR that does not lower. Such a function is
@@ -40,6 +43,14 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     for gvar, func in list(mod.functions.items()):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
+        attention = try_schedule_attention_gpu(gvar, func, tvm.target.Target.current())
+        if attention is not None:
+            try:
+                mod[gvar] = probe_build(attention)
+                continue
+            except Exception as err:  # noqa: BLE001 (a lowering failure: DLight takes it)
+                warnings.warn(f"GPU attention kernel of {gvar.name_hint} does not lower "
+                              f"({type(err).__name__}); DLight schedules it", stacklevel=1)
         chain = try_schedule_conv_chain_gpu(gvar, func, tvm.target.Target.current())
         if chain is not None:
             try:

@@ -19,7 +19,7 @@ from tvm.script import tirx as T
 
 from tvm_fusion.compile import compile_model, fuse, import_onnx, run
 from tvm_fusion.numerics import compare, onnx_reference
-from tvm_fusion.tir_schedules.cpu_target import Cache, CpuParams, cpu_params
+from tvm_fusion.tir_schedules.cpu_target import CpuParams, cpu_params
 from tvm_fusion.tir_schedules.fused_block import FALLBACK_ATTR, SCHEDULE_ATTR, schedule_primfunc
 
 ZEN3 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 1})
@@ -308,8 +308,10 @@ def test_tile_and_blocks_come_from_the_target():
     zen5 = cpu_params(tvm.target.Target({"kind": "llvm", "mcpu": "znver5",
                                          "mtriple": "x86_64-linux-gnu"}))
     assert zen5.gemm_blocks(12, 32) == (256, 512)
+    # the caches attention's tiles read too
+    assert (zen5.l1d_bytes, zen5.l1d_ways, zen5.l2_bytes) == (48 << 10, 12, 1 << 20)
     # a narrower panel (N of one vector) gets the rows that fit the registers beside it
-    params = CpuParams(8, 12, 1, "avx2", 16, 8, Cache(32768, 8), Cache(524288, 8))
+    params = CpuParams(8, 12, 1, isa="avx2")
     assert params.gemm_tile(8) == (14, 8) and params.gemm_tile(16) == (6, 16)
 
 

@@ -17,12 +17,14 @@ import warnings
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 from .devices import require_codegen
 from .native_log import EVERYTHING, filtered_stderr
+from .onnx_names import from_onnx_with_names
 from .target import to_target
 from .transform import Sequential, get_pipeline
 
@@ -64,19 +66,25 @@ def _check_opset(path: str, model: onnx.ModelProto) -> None:
                              f"{onnx.__version__} defines (at most {newest})")
 
 
-def import_onnx(model: onnx.ModelProto, shape_dict: dict | None = None) -> tvm.IRModule:
+def import_onnx(model: onnx.ModelProto, shape_dict: dict | None = None,
+                node_names: bool = False) -> tvm.IRModule:
     """``from_onnx`` with weights as constants; an unsupported operator is named, not traced.
+
+    ``node_names=True`` spans every binding with the name of the ONNX node it came from
+    (:mod:`tvm_fusion.onnx_names`: TVM's importer keeps none), for reports and pictures.
 
     When the importer fails, the message names the operator it was converting (the importer
     prints that to stdout, captured here) and, where ONNX's own strict shape inference rejects
     the model too (a rank-0 input where an operator needs a 1-D tensor, say), ONNX's reason: the
     model is at fault then, not TVM."""
+    check_gather_indices(model)
     printed = io.StringIO()
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
             warnings.simplefilter("ignore")
-            return from_onnx(model, shape_dict=shape_dict,
-                                                 keep_params_in_input=False)
+            if node_names:
+                return from_onnx_with_names(model, shape_dict)
+            return from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
     except tvm.error.OpNotImplemented as err:
         raise ModelError(_first_line(err)) from None
     except Exception as err:  # noqa: BLE001 (the importer raises anything)
@@ -88,6 +96,46 @@ def import_onnx(model: onnx.ModelProto, shape_dict: dict | None = None) -> tvm.I
     if invalid:
         raise ModelError(f"invalid ONNX model{at}: {invalid}")
     raise ModelError(f"TVM's ONNX importer failed{at}: {reason}")
+
+
+def check_gather_indices(model: onnx.ModelProto) -> None:
+    """``ModelError`` naming the first Gather whose constant indices fall outside its data's
+    axis (ONNX allows ``[-n, n)``; TVM's ``take`` would read outside the tensor). Indices that
+    come from the inputs are clamped by the build instead
+    (:mod:`tvm_fusion.relay_passes.take_bounds`)."""
+    graph = model.graph
+    constants = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                constants[node.output[0]] = value
+    gathers = [n for n in graph.node if n.op_type == "Gather" and len(n.input) > 1
+               and n.input[1] in constants]
+    if not gathers:
+        return
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    if any(n.input[0] not in shapes for n in gathers):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model).graph
+        except Exception:  # noqa: BLE001 (the importer will say what is wrong)
+            inferred = graph
+        for vi in [*inferred.input, *inferred.value_info, *inferred.output]:
+            dims = vi.type.tensor_type.shape.dim
+            shapes.setdefault(vi.name, [d.dim_value if d.HasField("dim_value") else None
+                                        for d in dims])
+    for node in gathers:
+        dims = shapes.get(node.input[0])
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if not dims or not -len(dims) <= axis < len(dims) or not dims[axis]:
+            continue
+        extent = int(dims[axis])
+        indices = onnx.numpy_helper.to_array(constants[node.input[1]]).astype(np.int64)
+        bad = indices[(indices < -extent) | (indices >= extent)]
+        if bad.size:
+            raise ModelError(f"Gather {node.name or node.output[0]!r}: index {int(bad.flat[0])} "
+                             f"is out of range for axis {axis} of {node.input[0]!r} (size "
+                             f"{extent}; ONNX allows {-extent}..{extent - 1})")
 
 
 def _strict_inference_error(model: onnx.ModelProto) -> str | None:

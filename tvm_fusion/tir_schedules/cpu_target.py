@@ -16,12 +16,13 @@ smallest of the current desktop/server cores, so that blocks chosen from it fit 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 from tvm.target import codegen
 
 KIB = 1024
+_FLOAT16 = ("float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -69,14 +70,31 @@ class CpuParams:
     lanes: int  # fp32 lanes of one SIMD register
     registers: int  # SIMD registers the accumulator tile may use (about 3/4 of the file)
     cores: int  # threads the runtime will use; parallel loops are only worth it above one
+    l1d_bytes: int = DEFAULT_CACHES[0].size  # L1 data cache per core
+    l2_bytes: int = DEFAULT_CACHES[1].size  # L2 per core
+    native_fp16: bool = False  # fp16 arithmetic in the vector unit (AVX512-FP16, ARMv8.2 FP16)
     isa: str = "generic"  # key of GEMM_TILES
     vector_registers: int = 16  # the whole SIMD register file
     fma_chains: int = 8  # FMA pipes × FMA latency: independent accumulators needed
-    l1d: Cache = DEFAULT_CACHES[0]
-    l2: Cache = DEFAULT_CACHES[1]
+    l1d_ways: int = DEFAULT_CACHES[0].ways
+    l2_ways: int = DEFAULT_CACHES[1].ways
 
     def vector_bytes(self) -> int:
         return self.lanes * 4
+
+    def for_dtype(self, dtype) -> CpuParams:
+        """The parameters for a block computing in ``dtype``: lanes of one register of that
+        element size (a 16-bit type has twice fp32's, int8 four times, 64-bit half). Without
+        native fp16 arithmetic LLVM computes a 16-bit float vector in fp32 registers, two per
+        vector, so the register tile gets half as many vectors."""
+        bits = max(tvm.DataType(str(dtype)).bits, 8)
+        lanes = max(1, self.lanes * 32 // bits)
+        registers = self.registers
+        if str(dtype) in _FLOAT16 and not (self.native_fp16 and str(dtype) == "float16"):
+            registers = max(1, registers // 2)
+        if (lanes, registers) == (self.lanes, self.registers):
+            return self
+        return replace(self, lanes=lanes, registers=registers)
 
     def gemm_tile(self, nr: int | None = None) -> tuple[int, int]:
         """(MR, NR) of the GEMM micro-kernel; with ``nr`` (a narrower packed panel, for an N
@@ -92,35 +110,44 @@ class CpuParams:
         """(KC, NC) for MLAS's loop order: the A sliver MR×KC and a B micro-panel KC×NR fill
         the L1 but one way (KC, a multiple of 16); the B block KC×NC half the L2 (NC, a
         multiple of NR). Low et al., TOMS 43(2) 2016; Zen 3 gives 256 × 240."""
-        l1 = self.l1d.size * (self.l1d.ways - 1) // max(self.l1d.ways, 1)
+        ways = max(self.l1d_ways, 1)
+        l1 = self.l1d_bytes * (ways - 1) // ways
         kc = max(16, l1 // ((mr + nr) * 4) // 16 * 16)
-        nc = max(nr, self.l2.size // 2 // (kc * 4) // nr * nr)
+        nc = max(nr, self.l2_bytes // 2 // (kc * 4) // nr * nr)
         return kc, nc
 
 
 def cpu_params(target: tvm.target.Target | None) -> CpuParams:
-    """SIMD width and register budget of ``target``; cores from ``num-cores`` or the machine;
-    caches from the machine when the target is the host, else from the CPU's name."""
+    """SIMD width, register budget and GEMM tile of ``target``; cores from ``num-cores`` or
+    the machine; caches from the machine when the target is the host, else from the CPU's
+    name (:func:`_caches`)."""
     cores = os.cpu_count() or 1
     if target is None:
-        return CpuParams(4, 12, cores, "sse", 16, 8, *_host_caches())
+        return CpuParams(4, 12, cores, isa="sse", **_cache_fields(*_host_caches()))
+    return replace(_simd_params(target, cores), **_cache_fields(*_caches(target)))
+
+
+def _simd_params(target: tvm.target.Target, cores: int) -> CpuParams:
     attrs = target.attrs
     if "num-cores" in attrs and int(attrs["num-cores"]) > 0:
         cores = int(attrs["num-cores"])
-    caches = _caches(target)
     triple = str(attrs.get("mtriple", "")) if "mtriple" in attrs else ""
-    if triple.startswith(("aarch64", "arm64")):
-        return CpuParams(4, 24, cores, "neon", 32, 8, *caches)  # NEON: 128-bit, 32 registers
-    if triple.startswith("arm"):
-        return CpuParams(4, 12, cores, "generic", 16, 8, *caches)
-    if triple.startswith(("riscv", "wasm")):
-        return CpuParams(4, 12, cores, "generic", 16, 8, *caches)
+    if triple.startswith(("aarch64", "arm64")):  # NEON: 128-bit, 32 registers
+        return CpuParams(4, 24, cores, native_fp16=_has(target, "fullfp16"), isa="neon",
+                         vector_registers=32)
+    if triple.startswith(("arm", "riscv", "wasm")):
+        return CpuParams(4, 12, cores)
     if _has(target, "avx512f"):
-        return CpuParams(16, 24, cores, "avx512", 32, 8, *caches)
+        return CpuParams(16, 24, cores, native_fp16=_has(target, "avx512fp16"), isa="avx512",
+                         vector_registers=32)
     if _has(target, "avx2") or _has(target, "avx"):
-        return CpuParams(8, 12, cores, "avx2" if _has(target, "fma") else "avx", 16, 8,
-                         *caches)
-    return CpuParams(4, 12, cores, "sse", 16, 8, *caches)  # SSE2: a bare "llvm" on x86-64
+        return CpuParams(8, 12, cores, isa="avx2" if _has(target, "fma") else "avx")
+    return CpuParams(4, 12, cores, isa="sse")  # SSE2: what a bare "llvm" gets on x86-64
+
+
+def _cache_fields(l1d: Cache, l2: Cache) -> dict:
+    return {"l1d_bytes": l1d.size, "l1d_ways": l1d.ways, "l2_bytes": l2.size,
+            "l2_ways": l2.ways}
 
 
 def _has(target: tvm.target.Target, feature: str) -> bool:
@@ -132,6 +159,9 @@ def _has(target: tvm.target.Target, feature: str) -> bool:
 
 
 def _caches(target: tvm.target.Target) -> tuple[Cache, Cache]:
+    """L1d and L2 of the CPU ``target`` names: the host's (sysfs) when it is the host's CPU
+    (no ``mcpu`` or the host's, on the host's architecture), else :data:`CACHES`, else
+    :data:`DEFAULT_CACHES`."""
     attrs = target.attrs
     mcpu = str(attrs["mcpu"]) if "mcpu" in attrs else ""
     triple = str(attrs["mtriple"]) if "mtriple" in attrs else ""

@@ -3,15 +3,16 @@ ONNX Runtime's single-operator model, in one process, calls alternating, one thr
 
     taskset -c 1 python scripts/bench_kernels.py [--quick] [--out out/kernels]
         [--peak-gflops 99.3] [--bandwidth 19.7] [--target '{"kind":"llvm","mcpu":"znver3"}']
-        [--seconds 2] [--only 197x768x3072,1x768x50257]
+        [--seconds 2] [--only 197x768x3072,1x768x50257,64x50257x768]
 
 MatMul ``[M, K] × W[K, N]`` (W an initializer: packed at compile time by both runtimes) over
 M ∈ {1, 8, 32, 128, 197, 512, 2048} × (K, N) ∈ square, tall, wide, vocabulary-sized and odd
-sizes. ``--quick`` leaves out the shapes above 20 GFLOP (the largest M of the biggest N·K), so
-the sweep runs in minutes. Prints a Markdown table (ms, GFLOP/s, % of the FMA peak, or % of
-the read bandwidth for M = 1, which streams the weight once, and the speed relative to ONNX
-Runtime: its time over ours, > 1 is faster) and the geometric mean of those ratios; writes
-``kernels.json`` and ``kernels.png`` to ``--out``.
+sizes (``--only`` takes any ``MxKxN``, in the sweep or not). ``--quick`` leaves out the
+shapes above 20 GFLOP (the largest M of the biggest N·K), so the sweep runs in minutes.
+Prints a Markdown table (ms, GFLOP/s, % of the FMA peak, or % of the read bandwidth for
+M = 1, which streams the weight once, and the speed relative to ONNX Runtime: its time over
+ours, > 1 is faster) and the geometric mean of those ratios; writes ``kernels.json`` and
+``kernels.png`` to ``--out``.
 
 The peak and the bandwidth are measured here when not given: a TIR loop of 12 independent
 vector FMA chains, and a vector sum over 256 MiB (the method of shared/tools/cpu-peak).
@@ -329,9 +330,16 @@ def main(argv=None) -> int:
               f"{peak:.1f} GFLOP/s, read bandwidth {bandwidth:.1f} GB/s"
               f"{' (given)' if args.peak_gflops or args.bandwidth else ' (measured)'}")
     print(header, flush=True)
-    only = set(filter(None, args.only.split(",")))
+    only = list(dict.fromkeys(filter(None, args.only.split(","))))
     cases = [c for f in args.families.split(",") for c in FAMILIES[f](args.quick)
              if not only or c.name in only]
+    for name in [n for n in only if n not in {c.name for c in cases}]:
+        shape = name.split("x")  # a MatMul outside the sweep
+        if len(shape) != 3 or not all(part.isdigit() and int(part) > 0 for part in shape):
+            print(f"bench_kernels: --only: {name!r} is neither a case of the sweep nor "
+                  f"MxKxN", file=sys.stderr)
+            return 2
+        cases.append(_Lazy(matmul_case, tuple(map(int, shape))))
     rows = []
     for lazy in cases:
         case = lazy.build() if isinstance(lazy, _Lazy) else lazy

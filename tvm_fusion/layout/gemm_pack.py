@@ -3,16 +3,17 @@
 ``R.matmul(x, B)`` whose ``B`` is a 2-D constant (an ONNX MatMul with an initializer) or the
 transpose of one (ONNX Gemm with ``transB=1``, PyTorch's ``x @ W.T``) becomes
 
-    Bp = call_tir(pack_gemm_weight, (W,))           # folded: one constant, no unpacked copy
-    y  = call_tir(matmul_packed, (x, Bp))           # y[..., i, j] = Σ_k x[..., i, k] ·
-                                                    #     Bp[j // NR, k, j % NR]
+    y = call_tir(matmul_packed, (x, Bp))    # y[..., i, j] = Σ_k x[..., i, k] ·
+                                            #     Bp[j // NR, k, j % NR]
 
 with ``Bp[⌈N/NR⌉, K, NR]`` zero-padded to whole panels of NR columns (the target's GEMM
 register tile, :meth:`~tvm_fusion.tir_schedules.cpu_target.CpuParams.gemm_tile`; a narrower
 panel, whole vectors, when N is smaller). Each k-step of a panel is NR contiguous floats and a
 panel's K rows follow each other, which is the order the micro-kernel reads them
-(``tir_schedules/gemm_template.py``). ``FoldConstant`` evaluates the packing, so the module
-holds the packed weight only (what MLAS's ``MlasGemmPackB`` does at session creation).
+(``tir_schedules/gemm_template.py``). ``Bp`` is a new constant computed here from ``W``'s
+data, so the module holds the packed weight only (what MLAS's ``MlasGemmPackB`` does at
+session creation); packing in numpy, not as a TIR function folded by ``FoldConstant``, keeps
+the pass at milliseconds (folding built one LLVM function per weight shape: seconds per model).
 
 ``matmul_packed`` is an ordinary reduction for legalisation, TVM's op patterns and fusion: the
 epilogues fuse into it as into a matmul; ``ScheduleFusedBlocks`` recognises its read of ``Bp``
@@ -21,6 +22,7 @@ and emits the packed GEMM nest (``tir_schedules/cpu_gemm.py``).
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax, te, tirx
 from tvm.ir.expr import GenericConst
@@ -28,7 +30,6 @@ from tvm.ir.expr import GenericConst
 from ..tir_schedules.cpu_target import CpuParams, cpu_params
 
 PACKED_GEMM = "matmul_packed"
-PACK_WEIGHT = "pack_gemm_weight"
 
 
 def _dtype(expr) -> str:
@@ -57,20 +58,15 @@ def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int) -> te.Tensor:
     return te.compute((*x.shape[:-1], tirx.const(n, "int64")), value, name=PACKED_GEMM)
 
 
-def pack_weight(w: te.Tensor, nr: int, transposed: bool) -> te.Tensor:
+def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
     """``B[K, N]`` (or ``W[N, K]`` when ``transposed``) as ``Bp[⌈N/NR⌉, K, NR]``, zeros past
     column N."""
-    n = int(w.shape[0] if transposed else w.shape[1])
-    k = int(w.shape[1] if transposed else w.shape[0])
+    b = w.T if transposed else w
+    k, n = b.shape
     panels = -(-n // nr)
-
-    def value(p, kk, lane):
-        col = p * nr + lane
-        safe = tirx.min(col, tirx.const(n - 1, _dtype(col)))
-        load = w[safe, kk] if transposed else w[kk, safe]
-        return tirx.Select(col < n, load, tirx.const(0.0, "float32"))
-
-    return te.compute((panels, k, nr), value, name=PACK_WEIGHT)
+    padded = np.zeros((k, panels * nr), dtype=w.dtype)
+    padded[:, :n] = b
+    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
 
 
 @relax.expr_functor.mutator
@@ -125,15 +121,14 @@ class _Packer(relax.PyExprMutator):
         if not isinstance(x_k, tirx.IntImm) or int(x_k) != k:
             return call
         nr = panel_width(n, self.params)
-        bp = self.builder_.emit(self.builder_.call_te(
-            pack_weight, weight, nr, transposed, primfunc_name_hint=PACK_WEIGHT))
+        bp = relax.const(pack_weight(weight.value.numpy(), nr, transposed))
         self.packed += 1
         return self.builder_.call_te(packed_matmul, x, bp, n, primfunc_name_hint=PACKED_GEMM)
 
 
 def PackMatmulWeights(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N802 (a pass)
     """Pack constant matmul weights into GEMM panels on ``llvm`` targets (other targets are
-    left alone); the packing is folded into one constant per weight."""
+    left alone): one packed constant per weight."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.PackMatmulWeights")
     def _pack(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -150,12 +145,11 @@ def PackMatmulWeights(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa:
                     changed = True
         if not changed:
             return mod
-        # the pass's own clean-up: the packing evaluated, the unpacked weight dropped
-        mod = relax.transform.FoldConstant()(packer.builder_.get())
-        return relax.transform.DeadCodeElimination()(mod)
+        # the pass's own clean-up: the unpacked weight (or its transpose) dropped
+        return relax.transform.DeadCodeElimination()(packer.builder_.get())
 
     return _pack
 
 
-__all__ = ["PACKED_GEMM", "PACK_WEIGHT", "PackMatmulWeights", "pack_weight", "packed_matmul",
+__all__ = ["PACKED_GEMM", "PackMatmulWeights", "pack_weight", "packed_matmul",
            "panel_width"]

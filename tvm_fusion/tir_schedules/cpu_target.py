@@ -70,9 +70,9 @@ class CpuParams:
     lanes: int  # fp32 lanes of one SIMD register
     registers: int  # SIMD registers the accumulator tile may use (about 3/4 of the file)
     cores: int  # threads the runtime will use; parallel loops are only worth it above one
+    native_fp16: bool = False  # fp16 arithmetic in the vector unit (AVX512-FP16, ARMv8.2 FP16)
     l1d_bytes: int = DEFAULT_CACHES[0].size  # L1 data cache per core
     l2_bytes: int = DEFAULT_CACHES[1].size  # L2 per core
-    native_fp16: bool = False  # fp16 arithmetic in the vector unit (AVX512-FP16, ARMv8.2 FP16)
     isa: str = "generic"  # key of GEMM_TILES
     vector_registers: int = 16  # the whole SIMD register file
     fma_chains: int = 8  # FMA pipes × FMA latency: independent accumulators needed

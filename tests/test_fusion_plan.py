@@ -66,12 +66,13 @@ def test_figure3_plan():
     plan, fused = _plan(model, layout=False, rewrite=False, prefer_epilogues=False,
                         conv_layout="NCHW")
     assert count_kernels(_plan(model)[1]) == 2
+    # (the GEMM's constant weight is packed on CPU: its operator is matmul_packed)
     assert sorted(_block_ops(plan)) == [
-        ["add", "conv2d", "multiply", "relu", "subtract"], ["matmul"]]
+        ["add", "conv2d", "multiply", "relu", "subtract"], ["matmul_packed"]]
     # by default the Add waits for its producer: the GEMM's epilogue, not the conv's prologue
     default, _ = _plan(model, layout=False, rewrite=False, conv_layout="NCHW")
     assert sorted(_block_ops(default)) == [
-        ["add", "matmul"], ["conv2d", "multiply", "relu", "subtract"]]
+        ["add", "matmul_packed"], ["conv2d", "multiply", "relu", "subtract"]]
     assert plan.blocks[[len(b) for b in plan.blocks].index(5)].mapping_type is MT.MANY_TO_MANY
     assert any(r.reason is RejectReason.RED_CELL and "matmul" in r.first
                for r in plan.rejections)
@@ -217,8 +218,11 @@ def test_elementwise_chain_between_two_gemms_is_the_first_ones_epilogue():
     ]
     model = _model(nodes, [("x", [32, 16])], [("y", [32, 8])], inits)
     plan, fused = _plan(model, layout=False, rewrite=False)
-    assert sorted(_block_ops(plan)) == [["add", "matmul", "relu"], ["add1", "matmul1"]]
+    # (constant weights packed on CPU: the GEMMs are matmul_packed)
+    assert sorted(_block_ops(plan)) == [["add", "matmul_packed", "relu"],
+                                        ["add1", "matmul_packed1"]]
     literal, _ = _plan(model, layout=False, rewrite=False, prefer_epilogues=False)
-    assert sorted(_block_ops(literal)) == [["add", "add1", "matmul1", "relu"], ["matmul"]]
+    assert sorted(_block_ops(literal)) == [["add", "add1", "matmul_packed1", "relu"],
+                                           ["matmul_packed"]]
     assert count_kernels(fused) == 2
     check_model(model)

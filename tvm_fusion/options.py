@@ -279,6 +279,13 @@ class Scheduling(_Group):
         "bool", True,
         doc="Ours: scheduled CPU code uses vectorisable float32 exp/erf/tanh/sigmoid; `False`: "
             "TVM's exact ones.")
+    fusion_guard: bool = _opt(
+        "bool", True,
+        doc="Ours: after the CPU schedules, a kernel of several operators whose loop nests are "
+            "estimated to do more than its operators apart (plus the traffic fusion saves, at "
+            "`flops_per_byte`) is planned apart again, with the reason `fusion_loses` "
+            "(`tvm_fusion/relay_passes/fusion_guard.py`). `strategy=\"dnnfusion\"`; Apollo's "
+            "feedback splits such a kernel by undoing its last merge.")
 
 
 @dataclass(frozen=True)

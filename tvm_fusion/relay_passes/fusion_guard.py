@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
 from ..instrument import emit
@@ -189,7 +190,7 @@ def _reuse(refused: tvm.IRModule, fused: tvm.IRModule, built: tvm.IRModule) -> t
         name = gvar.name_hint
         if not isinstance(func, tirx.PrimFunc) or name not in known:
             continue
-        if tvm.ir.structural_equal(func, fused[name]):
+        if tvm_ffi.structural_equal(func, fused[name]):
             updates[gvar] = built[name]
     if not updates:
         return refused

@@ -11,11 +11,16 @@ import tvm
 from conftest import TARGET, check_model
 from tvm.script import tirx as T
 
-from tvm_fusion.compile import count_kernels, fuse, import_onnx
+from tvm_fusion import pipeline
+from tvm_fusion.compile import count_kernels, fuse, import_onnx, run
+from tvm_fusion.feeds import random_inputs
 from tvm_fusion.instrument import Collector
 from tvm_fusion.models import figure3_graph, transformer_encoder_layer
 from tvm_fusion.models.cnn import resnet_bottleneck
 from tvm_fusion.models.recompute import layer_norm_tiled, patch_merging, reduction_tiled
+from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.options import Options
+from tvm_fusion.relay_passes.fusion_plan import AnalyticOracle, PlanOptions
 from tvm_fusion.relay_passes.rejection import RejectReason
 from tvm_fusion.report import format_report, make_report
 from tvm_fusion.tir_schedules.work import executed_work, recomputed_blocks
@@ -61,25 +66,65 @@ def test_work_counts_loop_extents_times_body():
 # ------------------------------------------------------------------- kernels that lose
 
 def test_layer_norm_read_by_tile_is_split_with_the_reason():
-    """``Tile(LayerNorm(x))`` fuses (Table 3 lets a One-to-Many consumer join), but the
-    schedule computes each row's statistics once per *output* row, 8 times: the guard splits
-    the kernel, says why, and the numbers still match ONNX Runtime and stock TVM."""
+    """``Tile(LayerNorm(x))`` fuses (Table 3 lets a One-to-Many consumer join), but the row
+    schedule computes each row's statistics once per *output* row, 8 times. The guard sees it
+    in the loop nest and plans the two apart: the LayerNorm is written once, the Tile copies
+    it; the decision and each rejected pair say why, and the numbers still match ONNX Runtime
+    and stock TVM."""
     model = layer_norm_tiled(copies=8)
     mod, plan = _fuse_collecting(model)
     assert count_kernels(mod) == 2
     (decision,) = plan.guard
     assert decision.operators == ("layer_norm", "smartmem_copy")
+    assert decision.detail.startswith("fused does 5.8x the arithmetic of its parts")
     assert "recomputed: 'x_sum_rf' 8.0x its iterations" in decision.detail
     assert decision.fused_cost > 1.25 * decision.apart_cost
     rejections = [r for p in plan.plans.values() for r in p.rejections
                   if r.reason is RejectReason.FUSION_LOSES]
     assert [(r.first, r.second) for r in rejections] == [
         ("lv=layer_norm[M2M]", "gv=smartmem_copy[O2M]")]
-    assert rejections[0].describe().startswith("[fusion_loses] fused_layer_norm_smartmem_copy:")
+    assert rejections[0].describe().startswith(
+        "[fusion_loses] fused_layer_norm_smartmem_copy: fused does 5.8x the arithmetic")
+    assert not any(recomputed_blocks(f) for f in mod.functions.values()
+                   if isinstance(f, tvm.tirx.PrimFunc))
     check_model(model)
 
     off, off_plan = _fuse_collecting(model, fusion_guard=False)
     assert count_kernels(off) == 1 and off_plan.guard == []
+    (kernel,) = [f for g, f in off.functions.items() if g.name_hint.startswith("fused_")]
+    assert ("x_sum", 8.0) in recomputed_blocks(kernel)
+
+
+class _Measured(AnalyticOracle):
+    """A profiling oracle that has measured every fused kernel twice as slow as its parts."""
+
+    def guard_times(self, fused, parts):
+        return 2e-3, 1e-3
+
+
+def test_measured_loss_splits_the_kernel():
+    """With a measurement (``guard_times`` of the profiling oracle) the guard trusts it and
+    plans the operators apart: two kernels, the pair rejected with ``fusion_loses``; the split
+    module computes what ONNX Runtime does. (No SmartMem elimination in this phase: the Tile
+    stays ``tile``.)"""
+    model = layer_norm_tiled(copies=8)
+    collector = Collector()
+    with TARGET, tvm.transform.PassContext(instruments=[collector]):
+        graph = pipeline.smartmem_phase(TARGET, None, Options(), PlanOptions(oracle=_Measured()))
+        mod = graph(import_onnx(model))
+    assert count_kernels(mod) == 2
+    (plan,) = collector.plans
+    (decision,) = plan.guard
+    assert decision.detail == "measured 2.000 ms fused vs 1.000 ms apart"
+    rejections = [r for p in plan.plans.values() for r in p.rejections
+                  if r.reason is RejectReason.FUSION_LOSES]
+    assert [(r.first, r.second) for r in rejections] == [
+        ("lv=layer_norm[M2M]", "gv=tile[O2M]")]
+    assert rejections[0].describe() == (
+        "[fusion_loses] fused_layer_norm_tile: measured 2.000 ms fused vs 1.000 ms apart")
+    feeds = random_inputs(model, seed=0)
+    out = run(tvm.compile(mod, TARGET), [feeds["x"]])
+    compare(out, onnx_reference(model, feeds), rtol=1e-4, atol=1e-5)
 
 
 def test_reduction_read_by_tile_recomputes_but_traffic_dominates():
@@ -94,13 +139,16 @@ def test_reduction_read_by_tile_recomputes_but_traffic_dominates():
     check_model(model)
 
 
-def test_report_names_the_split_kernel():
+def test_report_names_the_decision():
     report = make_report(layer_norm_tiled(copies=8), name="tiled", check=False)
     assert len(report.guard) == 1
-    assert report.guard[0].startswith("fused_layer_norm_smartmem_copy: split into 2 kernels")
+    assert report.guard[0].startswith(
+        "fused_layer_norm_smartmem_copy: split into 2 kernels (layer_norm + smartmem_copy): "
+        "fused does 5.8x the arithmetic of its parts")
     text = format_report(report, why=True)
-    assert "fusion guard (kernels estimated slower fused than apart" in text
-    assert "[fusion_loses] fused_layer_norm_smartmem_copy" in text
+    assert "  fusion guard (kernels estimated slower fused than apart):" in text
+    assert f"    {report.guard[0]}" in text
+    assert "[fusion_loses] fused_layer_norm_smartmem_copy: fused does" in text
 
 
 # ----------------------------------------------------------- kernels that fuse well
@@ -158,7 +206,8 @@ def test_unchanged_kernels_are_not_scheduled_again():
 
 def test_apollo_feedback_splits_a_losing_kernel():
     """Under Apollo the guard's verdict is a failed schedule: the partition's last merge is
-    undone and the event names the estimate."""
+    undone and the event names the estimate (Apollo has no rule that fuses a reduction with a
+    Tile, so here nothing is fused to begin with)."""
     collector = Collector()
     with tvm.transform.PassContext(instruments=[collector]):
         mod = fuse(import_onnx(layer_norm_tiled(copies=8)), TARGET, strategy="apollo",

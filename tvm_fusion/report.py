@@ -251,8 +251,7 @@ def format_report(report: ModelReport, why: bool = False) -> str:
         lines.append("  scheduler feedback (Apollo):")
         lines += [f"    {event}" for event in report.feedback]
     if report.guard:
-        lines.append("  fusion guard (kernels estimated slower fused than apart, split; "
-                     "[fusion_loses] below):")
+        lines.append("  fusion guard (kernels estimated slower fused than apart):")
         lines += [f"    {decision}" for decision in report.guard]
     chosen = [c for c in report.conv_chains if c["chosen"]]
     if report.conv_chains:

@@ -6,6 +6,7 @@ that fuse well are left alone."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tvm
 from conftest import TARGET, check_model
@@ -17,6 +18,7 @@ from tvm_fusion.feeds import random_inputs
 from tvm_fusion.instrument import Collector
 from tvm_fusion.models import figure3_graph, transformer_encoder_layer
 from tvm_fusion.models.cnn import resnet_bottleneck
+from tvm_fusion.models.graph import GraphBuilder
 from tvm_fusion.models.recompute import layer_norm_tiled, patch_merging, reduction_tiled
 from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.options import Options
@@ -204,17 +206,27 @@ def test_unchanged_kernels_are_not_scheduled_again():
     assert again["row_max"].same_as(built["row_max"])
 
 
-def test_apollo_feedback_splits_a_losing_kernel():
+def test_apollo_feedback_splits_a_kernel_the_guard_refuses(monkeypatch):
     """Under Apollo the guard's verdict is a failed schedule: the partition's last merge is
-    undone and the event names the estimate (Apollo has no rule that fuses a reduction with a
-    Tile, so here nothing is fused to begin with)."""
+    undone, the event says why, and the build goes on with the operators apart. (The verdict
+    is forced here: Apollo's rules fuse no reduction with a Tile, the guard's real case.)"""
+    from tvm_fusion.relay_passes.apollo import feedback
+
+    monkeypatch.setattr(feedback, "judge_kernel",
+                        lambda fused, parts, ridge: (True, 2.0, 1.0, "forced verdict"))
+    g = GraphBuilder("exp_add")
+    g.add_input("x", [4, 8])
+    g.add_initializer("one", np.ones((4, 8), np.float32))
+    g.add_node("Exp", ["x"], ["e"])
+    g.add_node("Add", ["e", "one"], ["y"])
+    g.add_output("y", [4, 8])
+    model = g.model()
     collector = Collector()
     with tvm.transform.PassContext(instruments=[collector]):
-        mod = fuse(import_onnx(layer_norm_tiled(copies=8)), TARGET, strategy="apollo",
-                   apollo_blocklist="memory")
+        mod = fuse(import_onnx(model), TARGET, strategy="apollo", apollo_blocklist="memory",
+                   rewrite=False, layout=False)
     (plan,) = collector.plans
-    events = [e for e in plan.feedback if e.reason.startswith("fusion loses:")]
-    if not events:  # Apollo did not fuse the pair in the first place: nothing to guard
-        assert count_kernels(mod) == 2
-        return
-    assert events[0].split and count_kernels(mod) == 2
+    (event,) = plan.feedback
+    assert event.reason == "fusion loses: forced verdict" and event.split
+    assert count_kernels(mod) == 2
+    check_model(model, strategy="apollo", apollo_blocklist="memory")

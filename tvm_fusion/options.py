@@ -285,6 +285,13 @@ class Scheduling(_Group):
             "with a constant weight gets it packed at compile time into GEMM panels and the "
             "packed GEMM kernel (docs/codegen.md); `False`: the register-tile schedule reads the "
             "weight as it is.")
+    fusion_guard: bool = _opt(
+        "bool", True,
+        doc="Ours: after the CPU schedules, a kernel of several operators whose loop nests are "
+            "estimated to do more than its operators apart (plus the traffic fusion saves, at "
+            "`flops_per_byte`) is planned apart again, with the reason `fusion_loses` "
+            "(`tvm_fusion/relay_passes/fusion_guard.py`). `strategy=\"dnnfusion\"`; Apollo's "
+            "feedback splits such a kernel by undoing its last merge.")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ A build runs four phases; each function below returns one of them for a target::
                                 packing] → conv packing → TVM's legalisation → SmartMem's
                                 elimination → mapping types → planning (DNNFusion, Apollo
                                 or stock FuseOps) → FuseTIR →
-                                [CPU: ScheduleFusedBlocks]
+                                [CPU: ScheduleFusedBlocks → DNNFusion: the fusion guard]
     schedule   schedule_passes  CPU: nothing more; GPU: OptiFX's template, else DLight;
                                 Adreno: texture scopes, texel-per-thread schedules
     lowering   lowering         TVM's own dataflow lowering and finalisation for the target
@@ -41,6 +41,7 @@ from .layout.texture_lower import LowerTextures
 from .options import Options
 from .relay_passes.apollo.feedback import ApolloFuse, Blocklist
 from .relay_passes.apollo.partition import ApolloOptions
+from .relay_passes.fusion_guard import FusionGuard
 from .relay_passes.fusion_plan import PlanOptions
 from .relay_passes.mapping_type import AnnotateMappingType
 from .relay_passes.plan_fusion import PlanFusion
@@ -144,12 +145,17 @@ def _fusion_passes(target: tvm.target.Target, opts: Options, plan_options: PlanO
                            fast_math=scheduling.fast_math,
                            schedule_budget_s=apollo.apollo_schedule_budget_s,
                            rounds=apollo.apollo_feedback_rounds, blocklist=blocklist,
-                           fail_hook=apollo_fail_hook)]
-    passes = [PlanFusion(opts.planning.strategy, plan_options, broadcast),
-              relax.transform.FuseTIR()]
-    if scheduling.schedule and target.kind.name == "llvm":
-        passes.append(ScheduleFusedBlocks(target, fast_math=scheduling.fast_math))
-    return passes
+                           fail_hook=apollo_fail_hook,
+                           guard_flops_per_byte=(opts.profiling.flops_per_byte
+                                                 if scheduling.fusion_guard else None))]
+    planner = PlanFusion(opts.planning.strategy, plan_options, broadcast)
+    schedule = (ScheduleFusedBlocks(target, fast_math=scheduling.fast_math)
+                if scheduling.schedule and target.kind.name == "llvm" else None)
+    if schedule is not None and scheduling.fusion_guard and opts.planning.strategy == "dnnfusion":
+        # the guard plans, fuses and schedules, then splits the kernels that lose
+        return [FusionGuard(planner, schedule, flops_per_byte=opts.profiling.flops_per_byte,
+                            oracle=getattr(plan_options, "oracle", None))]
+    return [planner, relax.transform.FuseTIR()] + ([schedule] if schedule is not None else [])
 
 
 # ----------------------------------------------------------------- schedules and lowering

@@ -66,6 +66,7 @@ class ModelReport:
     yellow: list[dict] = field(default_factory=list)
     opaque: list[str] = field(default_factory=list)
     feedback: list[str] = field(default_factory=list)  # strategy="apollo": scheduler feedback
+    guard: list[str] = field(default_factory=list)  # kernels the fusion guard split, and why
     conv_chains: list[dict] = field(default_factory=list)  # OptiFX candidates (conv_chains=…)
     attention: list[dict] = field(default_factory=list)  # attention candidates (attention=…)
     max_error_vs_stock: float | None = None
@@ -140,6 +141,7 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         report.rules_fired = dict(rewrites[0].fired)
         report.rewrite_symbolic_skipped = int(getattr(rewrites[0], "symbolic_skipped", 0))
     report.feedback = [e.describe() for e in getattr(module_plan, "feedback", [])]
+    report.guard = [d.describe() for d in getattr(module_plan, "guard", [])]
     kernel = 0
     for plan in module_plan.plans.values():
         kernel_of = {}
@@ -248,6 +250,9 @@ def format_report(report: ModelReport, why: bool = False) -> str:
     if report.feedback:
         lines.append("  scheduler feedback (Apollo):")
         lines += [f"    {event}" for event in report.feedback]
+    if report.guard:
+        lines.append("  fusion guard (kernels estimated slower fused than apart):")
+        lines += [f"    {decision}" for decision in report.guard]
     chosen = [c for c in report.conv_chains if c["chosen"]]
     if report.conv_chains:
         lines.append(f"  conv chains (OptiFX): {len(chosen)} of {len(report.conv_chains)} "

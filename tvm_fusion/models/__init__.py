@@ -5,6 +5,7 @@
 * :mod:`.builtin`: the built-in demo models the CLI names (BERT encoder layer, DNNFusion's
   Figure 3);
 * :mod:`.conv_chains`: SISO/SIMO/MISO conv chains for OptiFX's tests and benchmarks;
+* :mod:`.recompute`: where a fused loop nest may recompute (the fusion guard's cases);
 * :mod:`.swin`: Swin-T's window-attention block, SmartMem's layout-heavy example;
 * :mod:`.symbolic`: models with symbolic batch and sequence dimensions.
 """

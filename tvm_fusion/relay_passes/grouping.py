@@ -45,6 +45,25 @@ def is_primitive(func: relax.Function) -> bool:
     return func.attrs is not None and "Primitive" in func.attrs and bool(func.attrs["Primitive"])
 
 
+def primitive_callees(mod: tvm.IRModule) -> dict[str, tuple[str, ...]]:
+    """Name of each ``Primitive`` function → the sorted PrimFunc names it calls (FuseTIR names
+    the fused PrimFunc after the primitive function)."""
+    found = {}
+    for gvar, func in mod.functions.items():
+        if not (isinstance(func, relax.Function) and is_primitive(func)):
+            continue
+        names = []
+
+        def visit(node, names=names):
+            if isinstance(node, relax.Call) and isinstance(node.op, tvm.ir.Op) and (
+                    node.op.name == "relax.call_tir"):
+                names.append(node.args[0].name_hint)
+
+        relax.analysis.post_order_visit(func, visit)
+        found[gvar.name_hint] = tuple(sorted(names))
+    return found
+
+
 @relax.expr_functor.mutator
 class _GroupRewriter(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, group_fn: GroupFn):

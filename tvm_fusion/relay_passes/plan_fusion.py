@@ -33,6 +33,7 @@ class ModulePlan:
 
     plans: dict[tuple[str, int], FusionPlan] = field(default_factory=dict)
     seconds: float = 0.0  # ECG construction plus planning, all blocks
+    guard: list = field(default_factory=list)  # GuardDecision per kernel the guard split
 
     @property
     def num_kernels(self) -> int:
@@ -155,11 +156,16 @@ class PlanFusion:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if self.strategy == "tvm":
             return relax.transform.FuseOps()(mod)
+        mod, module_plan = self.plan(mod)
+        emit("plans", module_plan)
+        return apply_plan(mod, module_plan)
+
+    def plan(self, mod: tvm.IRModule) -> tuple[tvm.IRModule, ModulePlan]:
+        """The module as planned (widening operators duplicated per reader) and its plan, not
+        yet applied nor emitted: what the fusion guard (:mod:`.fusion_guard`) plans with."""
         if self.options.prefer_epilogues:  # every reader of a dequantize gets its own copy
             mod = duplicate_widening(mod)
         bind = getattr(self.options.oracle, "bind", None)
         if bind is not None:  # a profiling oracle builds candidates from this module's PrimFuncs
             bind(mod)
-        module_plan = plan_module(mod, self.options, self.broadcast_policy)
-        emit("plans", module_plan)
-        return apply_plan(mod, module_plan)
+        return mod, plan_module(mod, self.options, self.broadcast_policy)

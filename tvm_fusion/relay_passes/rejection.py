@@ -29,6 +29,7 @@ class RejectReason(str, enum.Enum):
     SCHEDULE_FAILURE = "schedule_failure"  # Apollo's feedback: the fused schedule failed
     SCORES_ESCAPE = "scores_escape"  # attention: the scores/probabilities are read outside
     ATTENTION_TEMPLATE = "attention_template"  # attention: the template refuses the fused code
+    FUSION_LOSES = "fusion_loses"  # the fusion guard: the scheduled kernel does more than its parts
 
 
 def describe(reason: RejectReason | str, detail: str) -> str:

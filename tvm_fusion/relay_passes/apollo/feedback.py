@@ -37,7 +37,8 @@ from ...tir_schedules.fused_block import (
     schedule_primfunc,
     schedule_with_fallback,
 )
-from ..grouping import is_primitive
+from ..fusion_guard import judge_kernel
+from ..grouping import primitive_callees
 from ..plan_fusion import ModulePlan, apply_plan, block_ecgs
 from .partition import ApolloOptions, ApolloPlan, apollo_type, plan_apollo
 
@@ -140,6 +141,10 @@ class ApolloFuse:
         :class:`MemoryBlocklist`.
     fail_hook
         ``fail_hook(function_name, primfunc) -> bool``: deliberately fail a schedule (tests).
+    guard_flops_per_byte
+        The fusion guard (:mod:`..fusion_guard`): a scheduled kernel estimated slower than its
+        operators apart, at this ridge, fails like a schedule and its last merge is undone;
+        ``None``: no guard.
 
     The run's :class:`ApolloModulePlan` (last round, with every event) goes to the active
     :class:`tvm_fusion.instrument.Collector`.
@@ -148,7 +153,7 @@ class ApolloFuse:
     def __init__(self, options: ApolloOptions | None = None, broadcast_policy="expanding_only",
                  schedule: bool = True, fast_math: bool = True, schedule_budget_s: float = 60.0,
                  rounds: int = 4, blocklist: Blocklist | None = None,
-                 fail_hook: Callable | None = None):
+                 fail_hook: Callable | None = None, guard_flops_per_byte: float | None = None):
         self.options = options or ApolloOptions()
         self.broadcast_policy = broadcast_policy
         self.schedule = schedule
@@ -157,6 +162,7 @@ class ApolloFuse:
         self.rounds = max(int(rounds), 1)
         self.blocklist = blocklist if blocklist is not None else MemoryBlocklist()
         self.fail_hook = fail_hook
+        self.guard = guard_flops_per_byte
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current()
@@ -165,10 +171,11 @@ class ApolloFuse:
         for round_ in range(1, self.rounds + 1):
             plan = plan_module_apollo(mod, self.options, self.broadcast_policy, self.blocklist)
             grouped = apply_plan(mod, plan)
-            callees = _primitive_callees(grouped)
+            callees = primitive_callees(grouped)
             fused = relax.transform.FuseTIR()(grouped)
             last = round_ == self.rounds
             fused, failures = self._schedule(fused, target, cpu, final=last)
+            failures += self._guard(grouped, fused, callees, failures) if cpu else []
             new = 0
             for name, reason, seconds in failures:
                 for event in self._split(plan, name, callees.get(name), reason, seconds, round_):
@@ -220,6 +227,23 @@ class ApolloFuse:
                               stacklevel=2)
         return mod, failures
 
+    def _guard(self, grouped, fused, callees, failures) -> list[tuple[str, str, float]]:
+        """Kernels whose schedule the fusion guard estimates slower than their operators apart
+        (those already failing aside), as failures."""
+        if self.guard is None:
+            return []
+        failed = {name for name, _, _ in failures}
+        present = _names(fused)
+        found = []
+        for name, ops in callees.items():
+            if len(ops) < 2 or name in failed or name not in present:
+                continue
+            loses, _, _, detail = judge_kernel(fused[name], [grouped[o] for o in ops],
+                                               self.guard)
+            if loses:
+                found.append((name, f"fusion loses: {detail}", 0.0))
+        return found
+
     def _split(self, plan: ApolloModulePlan, name: str, callees, reason: str, seconds: float,
                round_: int) -> list[FeedbackEvent]:
         """Undo the last merge of every partition that compiled to ``name``."""
@@ -243,20 +267,5 @@ class ApolloFuse:
         return events or [FeedbackEvent(round_, name, reason, seconds, "")]
 
 
-def _primitive_callees(mod: tvm.IRModule) -> dict[str, tuple[str, ...]]:
-    """Name of each ``Primitive`` function → the sorted PrimFunc names it calls (FuseTIR names
-    the fused PrimFunc after the primitive function)."""
-    found = {}
-    for gvar, func in mod.functions.items():
-        if not (isinstance(func, relax.Function) and is_primitive(func)):
-            continue
-        names = []
-
-        def visit(node, names=names):
-            if isinstance(node, relax.Call) and isinstance(node.op, tvm.ir.Op) and (
-                    node.op.name == "relax.call_tir"):
-                names.append(node.args[0].name_hint)
-
-        relax.analysis.post_order_visit(func, visit)
-        found[gvar.name_hint] = tuple(sorted(names))
-    return found
+def _names(mod: tvm.IRModule) -> set[str]:
+    return {g.name_hint for g, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}

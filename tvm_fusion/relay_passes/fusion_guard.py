@@ -1,0 +1,208 @@
+"""The fusion guard: a fused kernel whose schedule does more than its operators apart is split.
+
+DNNFusion's planner decides from mapping types and an oracle *before* any loop nest exists; the
+schedules then decide what is inlined, kept or attached per row. The inliner already refuses a
+producer that recomputing costs more than a buffer (``tir_schedules/inline.py``), and the CPU
+rules keep at the root what they cannot attach (``tir_schedules/cpu.py``). What neither can fix
+is a kernel whose loop nest still executes a stage more often than its own iteration space (a
+LayerNorm's row statistics attached under a slice or gather that revisits rows, a reduction
+under a broadcast) or whose arithmetic grows otherwise.
+
+So after scheduling, every kernel built from several operators is estimated from its TIR
+(:func:`~tvm_fusion.tir_schedules.work.executed_work`: loop extents × body) and compared with
+its operators' own PrimFuncs before fusion, each paying its inputs and outputs in memory
+traffic at the ``flops_per_byte`` ridge (the analytic oracle's, ``fusion_plan.py``): what fusion
+saves is the intermediate traffic the parts pay and the fused kernel does not. A kernel whose
+estimate exceeds its parts' by more than ``margin`` is planned apart again (one kernel per
+operator), each of its producer → consumer pairs recorded with
+:attr:`~.rejection.RejectReason.FUSION_LOSES`, and the decision itself
+(:class:`GuardDecision`) kept on the run's ``ModulePlan`` for ``tvm-fusion report``.
+
+Splitting is how the recomputed producer is materialised: it becomes its own kernel's output,
+written once, which its consumer reads. Scheduling the fused kernel again with the recomputed
+stages computed once at its root was tried and measured slower than the split (``Tile(LayerNorm)``
+of 64×768 rows: 1.4-3.6× ONNX Runtime's time in one kernel, 0.7× split), because the stages left
+at the root lose the row schedule's vectorised statistics.
+
+An ``oracle`` (the profiling database's, ``tuning/oracle.py``) may answer with measured times
+instead, through ``guard_times(fused, parts)``; the estimate is the default (no oracle of the
+project has that method yet: the hook is where a measurement fits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+
+from ..instrument import emit
+from ..tir_schedules.fused_block import ScheduleFusedBlocks
+from ..tir_schedules.work import executed_work, recomputed_blocks
+from .grouping import primitive_callees
+from .plan_fusion import ModulePlan, PlanFusion, apply_plan
+from .rejection import Rejection, RejectReason
+
+__all__ = ["FusionGuard", "GuardDecision", "judge_kernel"]
+
+# A fused kernel may cost this much more than its parts before it is split: the estimate counts
+# scalar operations, and a schedule adds a little (partial sums, tile remainders).
+DEFAULT_MARGIN = 0.25
+
+
+@dataclass(frozen=True)
+class GuardDecision:
+    """One kernel the guard split."""
+
+    function: str  # the fused PrimFunc
+    operators: tuple[str, ...]  # its parts, by PrimFunc name
+    fused_cost: float  # estimated (or measured) cost of the fused kernel
+    apart_cost: float  # of its parts as separate kernels
+    detail: str
+
+    def describe(self) -> str:
+        return (f"{self.function}: split into {len(self.operators)} kernels "
+                f"({' + '.join(self.operators)}): {self.detail}")
+
+
+def judge_kernel(fused: tirx.PrimFunc, parts: list[tirx.PrimFunc], flops_per_byte: float,
+                 margin: float = DEFAULT_MARGIN) -> tuple[bool, float, float, str]:
+    """``(loses, fused cost, apart cost, detail)`` for a scheduled fused kernel and its parts'
+    PrimFuncs (one per call, so a part called twice counts twice)."""
+    mine = executed_work(fused)
+    apart = [executed_work(p) for p in parts]
+    ops_apart = sum(w.ops for w in apart) or 1
+    fused_cost = mine.cost(flops_per_byte)
+    apart_cost = sum(w.cost(flops_per_byte) for w in apart)
+    saved = sum(w.boundary_bytes for w in apart) - mine.boundary_bytes
+    detail = (f"fused does {mine.ops / ops_apart:.1f}x the arithmetic of its parts "
+              f"({mine.ops:,} vs {ops_apart:,} ops), saving {max(saved, 0):,} B of "
+              f"intermediate traffic; estimate {fused_cost:,.0f} vs {apart_cost:,.0f} "
+              f"at {flops_per_byte:g} ops/B")
+    recomputed = sorted(recomputed_blocks(fused), key=lambda r: -r[1])
+    if recomputed:
+        detail += "; recomputed: " + ", ".join(f"{name!r} {factor:.1f}x its iterations"
+                                              for name, factor in recomputed[:3])
+    return fused_cost > apart_cost * (1.0 + margin), fused_cost, apart_cost, detail
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_fusion.FusionGuard")
+class FusionGuard:
+    """``PlanFusion`` → ``FuseTIR`` → ``ScheduleFusedBlocks``, then the guard: kernels that lose
+    to their parts are planned apart and the module rebuilt once (their parts are kernels of
+    one operator each: no fusion is left to lose).
+
+    Parameters
+    ----------
+    planner
+        The :class:`~.plan_fusion.PlanFusion` (strategy ``"dnnfusion"``) whose plan is guarded.
+    schedule
+        The CPU schedule pass (``ScheduleFusedBlocks``); ``None`` for an unscheduled build,
+        where the guard judges the fused, unscheduled loop nests.
+    flops_per_byte
+        The ridge at which saved bytes pay for operations (the analytic oracle's).
+    margin
+        How much more than its parts a kernel may be estimated to cost.
+    oracle
+        Optional: ``oracle.guard_times(fused, parts) -> (fused_s, apart_s) | None`` answers
+        with measurements where it has them.
+    """
+
+    def __init__(self, planner: PlanFusion, schedule: ScheduleFusedBlocks | None = None,
+                 flops_per_byte: float = 10.0, margin: float = DEFAULT_MARGIN, oracle=None):
+        self.planner = planner
+        self.schedule = schedule
+        self.flops_per_byte = float(flops_per_byte)
+        self.margin = float(margin)
+        self.oracle = oracle
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mod, module_plan = self.planner.plan(mod)
+        grouped = apply_plan(mod, module_plan)
+        fused = relax.transform.FuseTIR()(grouped)
+        built = self._schedule(fused)
+        decisions = self._judge(grouped, built)
+        if decisions:
+            module_plan.guard = decisions
+            _split(module_plan, decisions)
+            grouped = apply_plan(mod, module_plan)
+            refused = relax.transform.FuseTIR()(grouped)
+            built = self._schedule(_reuse(refused, fused, built))
+        emit("plans", module_plan)
+        return built
+
+    def _schedule(self, mod: tvm.IRModule) -> tvm.IRModule:
+        return mod if self.schedule is None else self.schedule(mod)
+
+    def _judge(self, grouped: tvm.IRModule, built: tvm.IRModule) -> list[GuardDecision]:
+        decisions = []
+        for name, callees in primitive_callees(grouped).items():
+            if len(callees) < 2:
+                continue
+            try:
+                fused = built[name]
+            except (ValueError, KeyError, tvm.error.TVMError):
+                continue
+            parts = [grouped[c] for c in callees]
+            if not isinstance(fused, tirx.PrimFunc) or not all(
+                    isinstance(p, tirx.PrimFunc) for p in parts):
+                continue
+            loses, mine, apart, detail = judge_kernel(fused, parts, self.flops_per_byte,
+                                                      self.margin)
+            measured = self._measured(fused, parts)
+            if measured is not None:
+                mine, apart = measured
+                loses = mine > apart * (1.0 + self.margin)
+                detail = f"measured {mine * 1e3:.3f} ms fused vs {apart * 1e3:.3f} ms apart"
+            if loses:
+                decisions.append(GuardDecision(name, callees, mine, apart, detail))
+        return decisions
+
+    def _measured(self, fused, parts):
+        times = getattr(self.oracle, "guard_times", None)
+        return times(fused, parts) if times is not None else None
+
+
+def _split(module_plan: ModulePlan, decisions: list[GuardDecision]) -> None:
+    """Every planned block whose operators are a losing kernel's becomes one block per
+    operator; each producer → consumer pair inside it is recorded as a rejection."""
+    losing = {tuple(sorted(d.operators)): d for d in decisions}
+    for plan in module_plan.plans.values():
+        blocks = []
+        for block in plan.blocks:
+            ops = tuple(sorted(plan.ecg.nodes[i].op_name for i in block.members))
+            decision = losing.get(ops)
+            if decision is None or len(block.members) < 2:
+                blocks.append(block)
+                continue
+            members = set(block.members)
+            for m in block.members:
+                node = plan.ecg.nodes[m]
+                blocks.append(type(block)([m], node.mapping_type, m))
+                for s in node.succs:
+                    if s in members:
+                        plan.rejections.append(Rejection(
+                            node.describe(), plan.ecg.nodes[s].describe(),
+                            RejectReason.FUSION_LOSES, f"{decision.function}: {decision.detail}"))
+        plan.blocks = blocks
+
+
+def _reuse(refused: tvm.IRModule, fused: tvm.IRModule, built: tvm.IRModule) -> tvm.IRModule:
+    """``refused`` with every PrimFunc the first build already scheduled, unchanged, taken
+    from it: only the split kernels' operators are scheduled again."""
+    updates = {}
+    known = {g.name_hint for g in fused.get_global_vars()}
+    for gvar, func in refused.functions.items():
+        name = gvar.name_hint
+        if not isinstance(func, tirx.PrimFunc) or name not in known:
+            continue
+        if tvm_ffi.structural_equal(func, fused[name]):
+            updates[gvar] = built[name]
+    if not updates:
+        return refused
+    refused = refused.clone()
+    for gvar, func in updates.items():
+        refused[gvar] = func
+    return refused
+

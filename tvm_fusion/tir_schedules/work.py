@@ -1,0 +1,119 @@
+"""What a PrimFunc executes, counted from its loop nests: the fusion guard's estimate.
+
+A fused kernel can do more than its operators did apart: a row statistic attached under a
+loop whose iterations share a row (``mean[i // 2]``, a gather of repeated rows) is computed
+once per iteration, a producer inlined into a broadcast once per output element. Such costs
+are visible only in the loop nest, so they are counted there: every block body executes once
+per iteration of the loops around it (a symbolic extent at its representative size,
+:mod:`tvm_fusion.symbolic`), and costs its value arithmetic (:func:`.analysis.expr_cost`'s
+units: an add 1, an ``exp`` 8) plus one per load and one per store. Data crossing the
+function's boundary (its parameters, read or written once) is counted in bytes, which a
+caller weighs against arithmetic with a flops-per-byte ridge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+
+from .. import symbolic
+from ..tir_utils import buffer_loads
+from .analysis import expr_cost
+
+__all__ = ["Work", "executed_work", "recomputed_blocks"]
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one call of a PrimFunc does."""
+
+    ops: int  # value arithmetic, loads and stores executed (analysis.expr_cost units)
+    boundary_bytes: int  # its parameters' bytes: what it reads from and writes to memory
+
+    def cost(self, flops_per_byte: float) -> float:
+        """Arithmetic plus boundary traffic at ``flops_per_byte`` (the roofline's ridge)."""
+        return self.ops + flops_per_byte * self.boundary_bytes
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.ops + other.ops, self.boundary_bytes + other.boundary_bytes)
+
+
+def executed_work(func: tirx.PrimFunc) -> Work:
+    """The work of one call of ``func`` (scheduled or not: loop splits keep the product of
+    their extents, so a schedule changes the count only where it changes what executes)."""
+    return Work(_stmt_ops(func.body), _boundary_bytes(func))
+
+
+def _boundary_bytes(func: tirx.PrimFunc) -> int:
+    total = 0
+    for param in func.params:
+        shape = getattr(param.ty, "shape", None)
+        if shape is None:  # a scalar parameter (a symbolic size)
+            continue
+        dtype = tvm.DataType(str(param.ty.dtype))
+        total += (symbolic.numel(shape) or 0) * max(dtype.bits * dtype.lanes // 8, 1)
+    return total
+
+
+def _extent(expr) -> int:
+    return max(symbolic.extent(expr), 0) if not isinstance(expr, int) else expr
+
+
+def _stmt_ops(stmt) -> int:
+    """Executed operations of ``stmt`` (recursive over TIR's statement kinds; an ``if`` is
+    counted as taken: a bound check around a remainder is nearly always true)."""
+    if stmt is None:
+        return 0
+    if isinstance(stmt, tirx.SeqStmt):
+        return sum(_stmt_ops(s) for s in stmt.seq)
+    if isinstance(stmt, tirx.For):
+        return _extent(stmt.extent) * _stmt_ops(stmt.body)
+    if isinstance(stmt, s_tir.SBlockRealize):
+        return _stmt_ops(stmt.block)
+    if isinstance(stmt, s_tir.SBlock):
+        # the init of a reduction runs once per output: far less than its body; left out
+        return _stmt_ops(stmt.body)
+    if isinstance(stmt, tirx.BufferStore):
+        return expr_cost(stmt.value) + len(buffer_loads(stmt.value)) + 1
+    if isinstance(stmt, tirx.IfThenElse):
+        return _stmt_ops(stmt.then_case)
+    if isinstance(stmt, tirx.While):
+        return _stmt_ops(stmt.body)
+    body = getattr(stmt, "body", None)  # LetStmt, AttrStmt, DeclBuffer, Allocate...
+    return _stmt_ops(body) if isinstance(body, tvm.ir.Node) else 0
+
+
+def recomputed_blocks(func: tirx.PrimFunc) -> list[tuple[str, float]]:
+    """``(block, factor)`` for every block that executes ``factor`` > 1 times its own
+    iteration space: a stage attached under loops that revisit its region (a row statistic
+    computed again for every element of a slice or gather reading that row)."""
+    found: list[tuple[str, float]] = []
+
+    def visit(stmt, trips: int) -> None:
+        if stmt is None:
+            return
+        if isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s, trips)
+        elif isinstance(stmt, tirx.For):
+            visit(stmt.body, trips * _extent(stmt.extent))
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            block = stmt.block
+            if block.iter_vars:
+                space = 1
+                for iv in block.iter_vars:
+                    space *= _extent(iv.dom.extent)
+                if trips > space:
+                    found.append((block.name_hint, trips / max(space, 1)))
+            visit(block.body, 1 if block.iter_vars and trips > 0 else trips)
+        elif isinstance(stmt, tirx.IfThenElse):
+            visit(stmt.then_case, trips)
+        else:
+            body = getattr(stmt, "body", None)
+            if isinstance(body, tvm.ir.Node):
+                visit(body, trips)
+
+    visit(func.body, 1)
+    return found

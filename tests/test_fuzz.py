@@ -237,6 +237,7 @@ def fake_checkers(tmp_path, monkeypatch):
     return "fuzz_fake_checkers"
 
 
+@pytest.mark.slow  # ~20 s of waiting for hangs; .ci/run runs it after the default run
 def test_worker_classifies_hangs_and_deaths(fake_checkers):
     case = Case(seed=0, model=_chain_model())
     with Worker(timeout=1.0, checker=f"{fake_checkers}:hang_in_ours") as w:

@@ -102,6 +102,7 @@ def _interleaved_latency(executables, x, farm, target, rounds=3):
 
 # ------------------------------------------------------------------------------ end to end
 
+@pytest.mark.slow  # ~2 min; .ci/run runs it after the default run
 @pytest.mark.timeout(900)
 def test_tune_end_to_end_then_compile_tuned(farm2, model_path, tmp_path, capsys):
     work_dir = str(tmp_path / "tune")

@@ -129,6 +129,7 @@ def small_search(monkeypatch):
     monkeypatch.setattr(T, "TuneConfig", functools.partial(T.TuneConfig, population=16))
 
 
+@pytest.mark.slow  # ~40 s; .ci/run runs it after the default run
 @pytest.mark.timeout(300)
 def test_every_measurement_failed_exits_1_with_the_root_cause(tmp_path, capsys, small_search):
     """A server whose compiler cannot link the uploaded candidates (CXX=/bin/false): every
@@ -161,6 +162,7 @@ def test_every_measurement_failed_exits_1_with_the_root_cause(tmp_path, capsys, 
     assert {f["stage"] for f in failures} >= {"run", "compare-hand"}
 
 
+@pytest.mark.slow  # ~50 s; .ci/run runs it after the default run
 @pytest.mark.timeout(300)
 def test_tune_local_needs_no_tracker(tmp_path, capsys, small_search):
     model_path = small_model(tmp_path / "small.onnx")

@@ -29,6 +29,7 @@ def _build_script():
     return module
 
 
+@pytest.mark.slow  # ~4 min for all; .ci/run runs them after the default run
 @pytest.mark.timeout(NOTEBOOK_BUDGET_S * 2)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path, monkeypatch):

@@ -7,6 +7,8 @@ around. What cannot be imported raises :class:`FrontendError`, one line naming t
 """
 
 from .errors import FrontendError
+from .fx_import import ALL_FX_REPAIRS, from_exported_program
 from .onnx_import import ALL_REPAIRS, ImportReport, from_onnx
 
-__all__ = ["ALL_REPAIRS", "FrontendError", "ImportReport", "from_onnx"]
+__all__ = ["ALL_FX_REPAIRS", "ALL_REPAIRS", "FrontendError", "ImportReport",
+           "from_exported_program", "from_onnx"]

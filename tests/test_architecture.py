@@ -62,6 +62,7 @@ LAYERS = {
     "profiling": ("tvm_fusion.tuning",),  # what transform hands the planners
     "pipeline": ("tvm_fusion.pipeline",),
     "passes": tuple(f"{PACKAGE}.{p}" for p in PASS_PACKAGES),
+    "frontend": ("tvm_fusion.frontend",),  # TVM's importers plus repairs
     "helpers": ("tvm_fusion.options", "tvm_fusion.instrument", "tvm_fusion.tir_utils",
                 "tvm_fusion.symbolic", "tvm_fusion.target", "tvm_fusion.devices",
                 "tvm_fusion.native_log", "tvm_fusion.atomic", "tvm_fusion.threads",

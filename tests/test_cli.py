@@ -323,7 +323,7 @@ def test_rank0_inputs_build_check_and_name_their_errors(tmp_path):
     # the line names the operator and ONNX's reason, not TVM's importer internals
     bad = _scalar_model(tmp_path / "bad.onnx", [helper.make_node("Reshape", ["x", "s"], ["y"])],
                         out_shape=(6,), scalar_dtype=TensorProto.INT64)
-    _one_line_exit_2(_run("report", str(bad)), "invalid ONNX model at Reshape (inputs [x, s]): "
+    _one_line_exit_2(_run("report", str(bad)), "invalid ONNX model at ONNX node 'y' (Reshape): "
                                                "shape input must be 1D tensor")
 
 

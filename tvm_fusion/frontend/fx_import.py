@@ -28,7 +28,7 @@ from . import fx_repairs
 from .errors import FrontendError, reason_of
 from .onnx_import import ImportReport
 
-ALL_FX_REPAIRS = frozenset({"pin_shapes", *fx_repairs.REPAIRS})
+ALL_FX_REPAIRS = fx_repairs.ALL_FX_REPAIRS
 
 __all__ = ["ALL_FX_REPAIRS", "PinningImporter", "from_exported_program"]
 
@@ -78,12 +78,15 @@ class PinningImporter(ExportedProgramImporter):
 
     def _wrap(self, name, fn):
         def convert(node, *rest):
+            failure = None
             try:
                 out = fn(node, *rest)
             except FrontendError:
                 raise
             except Exception as err:  # noqa: BLE001 (TVM's converters raise anything)
-                raise FrontendError(_where(node), reason_of(err)) from None
+                failure = FrontendError(_where(node), reason_of(err))
+            if failure is not None:  # outside the handler: TVM's error is not its context
+                raise failure
             if "pin_shapes" in self.repairs:
                 out = self._pin(node, out)
             return out

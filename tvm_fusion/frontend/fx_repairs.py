@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["CONVERTERS", "REPAIRS"]
+__all__ = ["ALL_FX_REPAIRS", "CONVERTERS", "REPAIRS"]
 
 CONVERTERS: dict[str, Callable] = {}
 
@@ -20,3 +20,5 @@ def _converter(*targets: str, repair: str):
 
 
 REPAIRS = frozenset(fn.repair for fn in CONVERTERS.values())
+# every repair of the ExportedProgram import; "pin_shapes" is torch's shapes pinned (fx_import)
+ALL_FX_REPAIRS = frozenset({"pin_shapes", *REPAIRS})

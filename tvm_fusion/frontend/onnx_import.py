@@ -49,6 +49,11 @@ _SHAPE_COMPATIBLE = {"Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", 
 _RETURN_TUPLE = {"Optional", "OptionalGetElement", "SequenceConstruct", "SequenceEmpty",
                  "SequenceErase", "SequenceInsert", "ConcatFromSequence", "SplitToSequence"}
 _BOOL_OUT = {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or"}
+# Of those, the ones that get a symbolic value as a ShapeExpr/PrimValue: they need a shape.
+# Cast, Equal and Where of a value are values themselves (shape_values) unless they leave
+# the integers (a Cast to float): then a tensor is what TVM's converter can take on (a
+# PrimValue cast to float reached Sqrt as a PrimValue, which Relax cannot take).
+_TAKES_SHAPES = _SHAPE_COMPATIBLE - {"Cast", "CastLike", "Equal", "Where"}
 
 __all__ = ["ALL_REPAIRS", "ImportReport", "RepairingImporter", "from_onnx"]
 
@@ -99,12 +104,15 @@ class RepairingImporter(tvm_onnx.ONNXGraphImporter):
                 for free in tirx.analysis.undefined_vars(dim, []):
                     self.analyzer.add_dim(free)
         for node in graph.node:
+            failure = None
             try:
                 self._convert_node(node)
             except FrontendError:
                 raise
             except Exception as err:  # noqa: BLE001 (TVM's converters raise anything)
-                raise FrontendError(_where(node), reason_of(err)) from None
+                failure = FrontendError(_where(node), reason_of(err))
+            if failure is not None:  # raised outside the handler: TVM's error is not kept as
+                raise failure  # its context (its frames hold the half-built function)
         for out in graph.output:  # graph outputs that are values get a tensor
             if out.name in self._values and out.name not in self._nodes:
                 self._nodes[out.name] = self.materialize(out.name)
@@ -125,8 +133,6 @@ class RepairingImporter(tvm_onnx.ONNXGraphImporter):
         for name in node.input:
             values.append(self.value(name) if name else None)
             inputs.append(self._input_expr(name, op) if name else None)
-        if op in onnx_repairs.BROADCASTING:
-            inputs = onnx_repairs.align_broadcast(self, node, inputs)
         out = None
         converter = onnx_repairs.CONVERTERS.get(op)
         if converter is not None and converter.repair in self.repairs:
@@ -276,9 +282,9 @@ class RepairingImporter(tvm_onnx.ONNXGraphImporter):
         if name in self._nodes:
             return self._nodes[name]
         values, dtype = self._values[name]
-        if op in _SHAPE_COMPATIBLE and dtype == "int64" and values.ndim == 1:
+        if op in _TAKES_SHAPES and dtype == "int64" and values.ndim == 1:
             return relax.ShapeExpr(list(values.flat))
-        if op in _SHAPE_COMPATIBLE and dtype == "int64" and values.ndim == 0:
+        if op in _TAKES_SHAPES and dtype == "int64" and values.ndim == 0:
             return relax.prim_value(values[()])
         return self.materialize(name)
 

@@ -55,6 +55,7 @@ SEQUENTIALS = ("tvm.transform.Sequential", "tvm.ir.transform.Sequential")
 LAYERS = {
     "apps": ("tvm_fusion", "tvm_fusion.cli", "tvm_fusion.report", "tvm_fusion.bench",
              "tvm_fusion.visualize", "tvm_fusion.zoo", "tvm_fusion.export_models",
+             "tvm_fusion.export_architectures",
              "tvm_fusion.fuzz", "tvm_fusion.testing", "tvm_fusion.tuning.tune_cli",
              "tvm_fusion.tuning.db_cli"),
     "driver": ("tvm_fusion.compile", "tvm_fusion.tuning.tune", *DRIVERS_IN_PASS_PACKAGES),

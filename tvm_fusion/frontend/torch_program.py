@@ -110,16 +110,20 @@ def load_program(path: str | os.PathLike) -> TorchProgram:
 def _ranges(program) -> dict:
     ranges = {}
     for symbol, rng in getattr(program, "range_constraints", {}).items():
-        try:
-            low = int(rng.lower)
-        except (TypeError, ValueError, OverflowError):
-            low = 0
-        try:
-            high = int(rng.upper)
-        except (TypeError, ValueError, OverflowError):
-            high = None
+        low, high = _int_or_none(rng.lower), _int_or_none(rng.upper)
+        low = 0 if low is None else low
         ranges[str(symbol)] = (max(low, 1), high)
     return ranges
+
+
+def _int_or_none(bound) -> int | None:
+    """A range bound as an int; None for torch's infinity (``int_oo``, which ``int()`` and
+    ``float()`` both refuse in their own ways)."""
+    try:
+        value = int(bound)
+    except Exception:  # noqa: BLE001 (sympy's infinities raise TypeError or AttributeError)
+        return None
+    return value if abs(value) < 2**62 else None
 
 
 def _signature(program) -> onnx.ModelProto:

@@ -49,7 +49,6 @@ from tvm_fusion.compile import (  # noqa: E402
     fuse,
     import_model,
     load_model,
-    model_signature,
 )
 from tvm_fusion.frontend import ALL_FX_REPAIRS, ALL_REPAIRS, ImportReport, TorchProgram  # noqa: E402
 from tvm_fusion.native_log import EVERYTHING, filtered_stderr  # noqa: E402
@@ -146,7 +145,6 @@ def run_case(spec, exporter: str, out: Path, args) -> dict:
 
     torch.manual_seed(zoo.SEED)
     net = zoo.calibrate(spec.build().eval(), spec)
-    names = [vi.name for vi in model_signature(model).graph.input]
     builds = {}
     for label, build in (("tvm_fusion", lambda: compile_model(mod, target)),
                          ("stock", lambda: compile_model(mod, target, strategy="none"))):
@@ -157,7 +155,7 @@ def run_case(spec, exporter: str, out: Path, args) -> dict:
     entry["checks"] = []
     for i, sizes in enumerate(_sizes(spec)):
         feeds = zoo.random_inputs(spec, zoo.SEED + i, sizes)
-        args_np = [feeds[n] for n in names]
+        args_np = [feeds[i.name] for i in spec.inputs]  # by position: a program names its own
         expected = zoo._torch_outputs(net, tuple(torch.from_numpy(a) for a in args_np))
         check = {"sizes": sizes}
         for label, vm in builds.items():
@@ -179,15 +177,16 @@ def run_case(spec, exporter: str, out: Path, args) -> dict:
         sizes = _sizes(spec)[-1]
         binding = {}
         params = mod["main"].params
+        order = [i.name for i in spec.inputs]  # by position: a program names its own inputs
         for input_name, axis, dim in spec.symbolic:
-            var = params[names.index(input_name)].ty.shape[axis]
+            var = params[order.index(input_name)].ty.shape[axis]
             if isinstance(var, tvm.tirx.Var):
                 binding[var] = sizes[dim]
         static = relax.transform.BindSymbolicVars(binding)(mod)
         with filtered_stderr():
             static_vm = _vm(compile_model(static, target))
         feeds = zoo.random_inputs(spec, zoo.SEED, sizes)
-        inputs = [tvm.runtime.tensor(feeds[n]) for n in names]
+        inputs = [tvm.runtime.tensor(feeds[i.name]) for i in spec.inputs]
         calls = {"symbolic": lambda: builds["tvm_fusion"]["main"](*inputs),
                  "static": lambda: static_vm["main"](*inputs)}
         medians = medians_in_turns(calls, warmup=2, repeat=args.repeat, turn_s=0.5)

@@ -45,6 +45,7 @@ from .records import (
     kept_reasons,
     restore_symbol,
 )
+from .symbolic_indices import simplify_symbolic_indices
 
 
 def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = True,
@@ -54,9 +55,13 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
     ``fast`` replaces float32 exp/erf/tanh/sigmoid by vectorisable approximations
     (:mod:`.fast_math`)."""
     base = hoist_independent_stages(refresh_access_regions(protect_negations(func)))
-    base = base.with_attr("global_symbol", "main")
+    base = simplify_symbolic_indices(base).with_attr("global_symbol", "main")
     sch = s_tir.Schedule(base)
     kept, inlined = inline_producers(sch) if inline else ({}, [])
+    if inline:  # inlining composes the indices of reshapes over symbolic sizes: simplify them
+        simplified = simplify_symbolic_indices(sch.mod["main"])
+        if not simplified.same_as(sch.mod["main"]):
+            sch = s_tir.Schedule(simplified)
     notes = schedule_cpu(sch, params, tile=tile, kept=kept)
     result = sch.mod["main"]
     if fast:  # last: TVM's inliners cannot analyse the Let bindings it introduces

@@ -26,9 +26,9 @@ from tvm_fusion.compile import (
 from tvm_fusion.feeds import random_inputs
 from tvm_fusion.models.conv_chains import chain_model
 from tvm_fusion.numerics import max_abs_error, onnx_reference
+from tvm_fusion.target import host_target
 from tvm_fusion.threads import use_physical_cores
 
-TARGET = {"kind": "llvm", "mcpu": "znver5", "num-cores": 2}
 # (channels, input size, ops, how often the pair occurs in the model)
 DW = ("conv", -1, 3, 1, 1, -1, "relu6")
 DW_S2 = ("conv", -1, 3, 2, 1, -1, "relu6")
@@ -65,7 +65,7 @@ CHAINS = {  # every depthwise -> pointwise pair of MobileNetV2, in model order
 def _build(model, **options):
     """A no-argument call of the compiled model on its random inputs (returning its outputs),
     and its kernel count."""
-    tgt = tvm.target.Target(TARGET)
+    tgt = host_target()
     mod = import_onnx(model)
     dev = tvm.cpu()
     vm = relax.VirtualMachine(compile_model(mod, tgt, **options), dev)

@@ -58,6 +58,10 @@ def main(argv=None) -> int:
                    help="chance of each option taking a non-default value (0.15)")
     p.add_argument("--symbolic-share", type=_share, default=0.0,
                    help="share of cases with a symbolic batch dim (0; work in progress)")
+    p.add_argument("--fp16-share", type=_share, default=0.1,
+                   help="share of cases whose whole graph is cast to float16 (0.1)")
+    p.add_argument("--qdq-share", type=_share, default=0.3,
+                   help="share of cases with QDQ int8 Conv/MatMul/Gemm (0.3)")
     p.add_argument("--max-nodes", type=int, default=12, help="nodes per graph at most (12)")
     p.add_argument("--no-minimise", action="store_true", help="keep failures as generated")
     p.add_argument("--minimise-budget", type=float, default=120.0,
@@ -96,6 +100,7 @@ def main(argv=None) -> int:
     with Worker(args.timeout, os.path.join(args.out, "worker.log")) as worker:
         fuzz(args.seeds, store, worker, target=args.target, special_share=args.special_share,
              option_share=args.option_share, symbolic_share=args.symbolic_share,
+             fp16_share=args.fp16_share, qdq_share=args.qdq_share,
              max_nodes=args.max_nodes, do_minimise=not args.no_minimise,
              minimise_budget_s=args.minimise_budget,
              minimise_timeouts=args.minimise_timeouts,

@@ -75,15 +75,16 @@ def main(argv=None) -> int:
 
     from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, load_onnx
     from tvm_fusion.feeds import random_inputs
+    from tvm_fusion.target import host_target, to_target
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
-    parser.add_argument("--target", default='{"kind":"llvm","mcpu":"znver5","num-cores":2}')
+    parser.add_argument("--target", default="native",
+                        help="kind, tag or JSON dict; default: this machine's CPU")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--top", type=int, default=6, help="slowest kernels listed per build")
     args = parser.parse_args(argv)
-    target = tvm.target.Target(args.target if not args.target.startswith("{")
-                               else __import__("json").loads(args.target))
+    target = host_target() if args.target == "native" else to_target(args.target)
     model = load_onnx(args.model)
     feeds = random_inputs(model)
     dev = tvm.cpu()

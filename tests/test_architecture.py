@@ -58,7 +58,8 @@ LAYERS = {
              "tvm_fusion.export_architectures",
              "tvm_fusion.fuzz", "tvm_fusion.testing", "tvm_fusion.tuning.tune_cli",
              "tvm_fusion.tuning.db_cli"),
-    "driver": ("tvm_fusion.compile", "tvm_fusion.tuning.tune", *DRIVERS_IN_PASS_PACKAGES),
+    "driver": ("tvm_fusion.compile", "tvm_fusion.memory", "tvm_fusion.tuning.tune",
+               *DRIVERS_IN_PASS_PACKAGES),
     "transform": ("tvm_fusion.transform",),
     "profiling": ("tvm_fusion.tuning",),  # what transform hands the planners
     "pipeline": ("tvm_fusion.pipeline",),
@@ -67,7 +68,8 @@ LAYERS = {
     "helpers": ("tvm_fusion.options", "tvm_fusion.instrument", "tvm_fusion.tir_utils",
                 "tvm_fusion.symbolic", "tvm_fusion.target", "tvm_fusion.devices",
                 "tvm_fusion.native_log", "tvm_fusion.atomic", "tvm_fusion.threads",
-                "tvm_fusion.feeds", "tvm_fusion.numerics", "tvm_fusion.models"),
+                "tvm_fusion.feeds", "tvm_fusion.numerics", "tvm_fusion.models",
+                "tvm_fusion.onnx_names"),
 }
 
 

@@ -103,6 +103,31 @@ def test_generator_covers_the_issue_operators():
     assert wanted <= ops, wanted - ops
 
 
+def test_generator_draws_qdq_and_fp16_cases():
+    """Issue 19, item 2: a share of the cases QDQ-wraps its convs and matmuls (int8 or uint8
+    activations, weights per tensor or per channel, int32 biases) and a share is cast to
+    float16; each is a valid model."""
+    kinds = {"qdq": 0, "fp16": 0, "per_channel": 0, "uint8": 0, "bias": 0}
+    for seed in range(200):
+        model = draw_case(seed).model
+        ops = [n for n in model.graph.node]
+        inits = {t.name: t.data_type for t in model.graph.initializer}
+        if any(n.op_type == "QuantizeLinear" for n in ops):
+            kinds["qdq"] += 1
+            onnx.checker.check_model(model, full_check=True)
+            dqs = [n for n in ops if n.op_type == "DequantizeLinear"]
+            kinds["per_channel"] += any(inits.get(n.input[0]) == TensorProto.INT8 and any(
+                a.name == "axis" for a in n.attribute) for n in dqs)
+            kinds["uint8"] += any(inits.get(n.input[2]) == TensorProto.UINT8 for n in dqs
+                                  if len(n.input) > 2)
+            kinds["bias"] += any(inits.get(n.input[0]) == TensorProto.INT32 for n in dqs)
+        elif any(vi.type.tensor_type.elem_type == TensorProto.FLOAT16
+                 for vi in model.graph.input):
+            kinds["fp16"] += 1
+            onnx.checker.check_model(model, full_check=True)
+    assert all(count >= 3 for count in kinds.values()), kinds
+
+
 def test_special_feeds_plant_edge_values_and_depend_on_name_only():
     model = _chain_model()  # one input of 60 elements
     plain = make_feeds(model, 7)["x"]

@@ -51,13 +51,14 @@ def test_why_groups_repeated_rejections(tmp_path):
     lines = proc.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if "rejected pairs:" in line)
     end = next(i for i, line in enumerate(lines) if "yellow" in line)
-    assert lines[start].startswith("  rejected pairs: 14, in 12 patterns")
+    # (the attention block, docs/attention.md, leaves 11 of the 14 pairs Table 3 alone rejects)
+    assert lines[start].startswith("  rejected pairs: 11, in 9 patterns")
     body = lines[start + 1:end]
-    assert len(body) == 12
+    assert len(body) == 9
     # both LayerNorms' mean-subtract -> power rejection: one line, counted twice
     assert ("      2x fused_mean_subtract[M2M] -> power[O2O]: [red_cell] Table 3 red: block M2M "
             "then M2M" in body)
-    assert sum(int(line.split("x", 1)[0]) for line in body) == 14
+    assert sum(int(line.split("x", 1)[0]) for line in body) == 11
     assert not any("lv" in line.split(":")[0] for line in body)  # no Relax variables
 
 

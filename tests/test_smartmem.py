@@ -300,10 +300,14 @@ def test_swin_window_attention_compiles_to_five_kernels_with_identical_numerics(
     assert count_kernels(stock) == 14
     assert smartmem.count_data_movement_kernels(stock) == 8
     with LLVM:
-        ours = graph_passes(LLVM, layout=True, schedule=False)(mod)
+        ours = graph_passes(LLVM, layout=True, schedule=False, attention=False)(mod)
     assert count_kernels(ours) <= 5
     assert count_kernels(ours) == 5
     assert smartmem.count_data_movement_kernels(ours) == 0
+    # with attention fusion (docs/attention.md) Q·Kᵀ + bias, softmax and P·V are one kernel
+    with LLVM:
+        fused = graph_passes(LLVM, layout=True, schedule=False)(mod)
+    assert count_kernels(fused) == 3
 
     feeds = random_inputs(model, seed=0)
     inputs = [feeds[n] for n in graph_input_names(model)]

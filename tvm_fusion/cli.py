@@ -22,13 +22,14 @@ from . import report as reporting  # reporting.make_report is looked up per call
 from .bench import ALL_VARIANTS, check_variants, run_bench
 from .bench import to_markdown as bench_markdown
 from .compile import compile_model, import_model, load_model, model_signature
-from .devices import require_device
+from .devices import require_codegen, require_device
 from .feeds import shape_names, shapes_for
 from .models import BUILTIN_MODELS, get_builtin
 from .options import Options, parse_cli_options
 from .target import NATIVE, host_target, to_target
 from .threads import use_physical_cores
 from .tuning import db_cli, tune_cli  # tune_cli.compile_tuned_cmd: looked up per call (tests)
+from .tuning.rpc import export_library
 from .visualize import picture
 from .zoo import to_markdown as zoo_markdown
 from .zoo import write_outputs, zoo_models, zoo_reports
@@ -240,6 +241,7 @@ def _check_target(target: str) -> None:
     """``--target`` checked up front, so a typo fails before minutes of compiling."""
     try:
         to_target(target)
+        require_codegen(target)  # a missing code generator or a CPU of another architecture
     except ValueError as err:
         raise ValueError(f"--target: {err}") from None
 
@@ -283,7 +285,9 @@ def _cmd_compile(args) -> int:
     _check_target(args.target)
     mod = import_model(load_model(args.model))
     executable = compile_model(mod, args.target, **options)
-    executable.export_library(output)
+    # for another machine's CPU (an aarch64 mtriple): its cross compiler links the .so, or a
+    # .tar of objects; the host's g++ cannot link them
+    export_library(executable, output, to_target(args.target))
     print(f"wrote {args.output}")
     return 0
 
@@ -298,25 +302,49 @@ def _cmd_report(args) -> int:
     if args.html and len(args.models) != 1:
         raise ValueError(f"--html draws one model; {len(args.models)} given")
     html_path = _writable_path("--html", args.html, "plan.html") if args.html else None
-    reports = []
+    reports, failures = [], []
     shapes = _parse_input_shapes(args.input_shape)
-    models = [load_model(path) for path in args.models]
-    _check_shape_names(shapes, models)
-    for path, model in tqdm(list(zip(args.models, models)), desc="report", unit="model",
-                            disable=len(args.models) < 2):
+    many = len(args.models) > 1  # one bad file among several is reported, the rest go on
+    models = []
+    for path in args.models:
+        try:
+            models.append((path, load_model(path)))
+        except BAD_INPUT as err:
+            failures.append(_skip_model(path, err, many))
+    _check_shape_names(shapes, [model for _, model in models])
+    for path, model in tqdm(models, desc="report", unit="model", disable=len(models) < 2):
         name = os.path.splitext(os.path.basename(path))[0]
         artifacts: dict = {}
-        reports.append(reporting.make_report(
-            model, name, args.target, check=not args.no_check,
-            input_shapes=shapes_for(model_signature(model), shapes), artifacts=artifacts,
-            **options))
+        try:
+            reports.append(reporting.make_report(
+                model, name, args.target, check=not args.no_check,
+                input_shapes=shapes_for(model_signature(model), shapes), artifacts=artifacts,
+                **options))
+        except (*BAD_INPUT, AssertionError) as err:
+            failures.append(_skip_model(path, err, many))
+            continue
         if html_path:
             _write_picture(html_path, artifacts, reports[-1])
     if args.json:
         print(json.dumps([r.to_json() for r in reports], indent=2))
-    else:
+    elif reports:
         print("\n\n".join(reporting.format_report(r, why=args.why) for r in reports))
-    return 0
+    return max(failures, default=0)
+
+
+def _skip_model(path: str, err: BaseException, many: bool) -> int:
+    """In a run over several models, one line for a model that cannot be reported (and the
+    exit code it earns); a single model's error propagates to ``main`` as before."""
+    if not many:
+        raise err
+    text = _one_line(err)
+    if path not in text:
+        text = f"{path}: {text}"
+    if isinstance(err, AssertionError):
+        print(f"tvm-fusion: numerical check failed: {text}", file=sys.stderr)
+        return EXIT_INTERNAL
+    print(f"tvm-fusion: error: {text}", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 def _write_picture(path: str, artifacts: dict, report) -> None:
@@ -325,7 +353,7 @@ def _write_picture(path: str, artifacts: dict, report) -> None:
                          "drop --strategy tvm")
     start = time.perf_counter()
     picture(artifacts["plan"], artifacts["stock_mod"], report.name,
-            report.fused_kernels).save(path)
+            report.fused_kernels, artifacts.get("layout_blocks", ())).save(path)
     print(f"wrote {path} (drawn in {time.perf_counter() - start:.2f} s)", file=sys.stderr)
 
 

@@ -21,6 +21,7 @@ import warnings
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 import tvm
 from tvm import relax
 
@@ -70,19 +71,24 @@ def _check_opset(path: str, model: onnx.ModelProto) -> None:
 
 
 def import_onnx(model: onnx.ModelProto, shape_dict: dict | None = None,
-                report: frontend.ImportReport | None = None) -> tvm.IRModule:
+                report: frontend.ImportReport | None = None,
+                node_names: bool = False) -> tvm.IRModule:
     """:func:`tvm_fusion.frontend.from_onnx` with weights as constants; a node that cannot be
     imported is named, not traced.
+
+    ``node_names=True`` spans every binding with the name of the ONNX node it came from
+    (:mod:`tvm_fusion.onnx_names`: TVM's importer keeps none), for reports and pictures.
 
     Where ONNX's own strict shape inference rejects the model too (a rank-0 input where an
     operator needs a 1-D tensor, say), the message gives ONNX's reason: the model is at fault
     then, not TVM."""
+    check_gather_indices(model)
     printed = io.StringIO()
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
             warnings.simplefilter("ignore")
             return frontend.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False,
-                                      report=report)
+                                      report=report, node_names=node_names)
     except frontend.FrontendError as err:
         where, reason = err.where, err.reason
         _free_quietly(err)  # the failed import's BlockBuilder logs a C++ warning when freed
@@ -106,8 +112,11 @@ def load_model(path: str | os.PathLike):
     return load_onnx(path)
 
 
-def import_model(model, report: frontend.ImportReport | None = None) -> tvm.IRModule:
-    """The Relax module of an ONNX model or a torch.export program (:func:`load_model`)."""
+def import_model(model, report: frontend.ImportReport | None = None,
+                 node_names: bool = False) -> tvm.IRModule:
+    """The Relax module of an ONNX model or a torch.export program (:func:`load_model`);
+    ``node_names``: an ONNX model's bindings spanned by their node names (:func:`import_onnx`;
+    a program's FX nodes are not named)."""
     if isinstance(model, frontend.TorchProgram):
         try:
             with warnings.catch_warnings():
@@ -116,7 +125,7 @@ def import_model(model, report: frontend.ImportReport | None = None) -> tvm.IRMo
         except frontend.FrontendError as err:
             _free_quietly(err)
             raise ModelError(f"{model.path}: {err}") from None
-    return import_onnx(model, report=report)
+    return import_onnx(model, report=report, node_names=node_names)
 
 
 def model_signature(model) -> onnx.ModelProto:
@@ -143,6 +152,46 @@ def reference_outputs(model, feeds: dict) -> list[np.ndarray]:
 def model_nodes(model) -> int:
     """Operators of the model as given (ONNX nodes, or FX operator nodes)."""
     return model.nodes if isinstance(model, frontend.TorchProgram) else len(model.graph.node)
+
+
+def check_gather_indices(model: onnx.ModelProto) -> None:
+    """``ModelError`` naming the first Gather whose constant indices fall outside its data's
+    axis (ONNX allows ``[-n, n)``; TVM's ``take`` would read outside the tensor). Indices that
+    come from the inputs are clamped by the build instead
+    (:mod:`tvm_fusion.relay_passes.take_bounds`)."""
+    graph = model.graph
+    constants = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            if value is not None:
+                constants[node.output[0]] = value
+    gathers = [n for n in graph.node if n.op_type == "Gather" and len(n.input) > 1
+               and n.input[1] in constants]
+    if not gathers:
+        return
+    shapes = {t.name: list(t.dims) for t in graph.initializer}
+    if any(n.input[0] not in shapes for n in gathers):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model).graph
+        except Exception:  # noqa: BLE001 (the importer will say what is wrong)
+            inferred = graph
+        for vi in [*inferred.input, *inferred.value_info, *inferred.output]:
+            dims = vi.type.tensor_type.shape.dim
+            shapes.setdefault(vi.name, [d.dim_value if d.HasField("dim_value") else None
+                                        for d in dims])
+    for node in gathers:
+        dims = shapes.get(node.input[0])
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if not dims or not -len(dims) <= axis < len(dims) or not dims[axis]:
+            continue
+        extent = int(dims[axis])
+        indices = onnx.numpy_helper.to_array(constants[node.input[1]]).astype(np.int64)
+        bad = indices[(indices < -extent) | (indices >= extent)]
+        if bad.size:
+            raise ModelError(f"Gather {node.name or node.output[0]!r}: index {int(bad.flat[0])} "
+                             f"is out of range for axis {axis} of {node.input[0]!r} (size "
+                             f"{extent}; ONNX allows {-extent}..{extent - 1})")
 
 
 def _strict_inference_error(model: onnx.ModelProto) -> str | None:

@@ -17,7 +17,7 @@ import json
 
 import tvm
 
-from .target import to_target
+from .target import check_llvm_cpu, to_target
 
 # host kinds: the CPU always exists and LLVM/C code generators come with every wheel we support
 _HOST_KINDS = ("llvm", "c")
@@ -52,8 +52,12 @@ def display_name(kind: str) -> str:
 
 
 def require_codegen(target) -> None:
-    """``ValueError`` when the installed TVM cannot generate code for ``target``'s kind."""
+    """``ValueError`` when the installed TVM cannot generate code for ``target``'s kind, or
+    when an ``llvm`` target names a CPU of another architecture than its triple's
+    (:func:`tvm_fusion.target.check_llvm_cpu`)."""
     kind = target_kind(target)
+    if kind == "llvm":
+        check_llvm_cpu(to_target(target))
     if not kind or kind in _HOST_KINDS:
         return
     if tvm.get_global_func(f"target.build.{kind}", allow_missing=True) is None:

@@ -159,6 +159,14 @@ class Planning(_Group):
         "int", 64, low=1,
         doc="The most operators in one block: DNNFusion step 2.2's \"empirical threshold\" "
             "(its value is unpublished).")
+    attention: bool = _opt(
+        "bool", True,
+        doc="Ours (beyond the papers): an attention — `Q·Kᵀ`, element-wise score arithmetic "
+            "(scale, masks, biases), softmax, `·V`, with the reshapes, transposes and GQA "
+            "broadcasts around it — is planned as one block, found from mapping types and the "
+            "TIR, and generated as online softmax over key tiles (FlashAttention), so no score "
+            "matrix is ever written; Table 3 would keep its three Many-to-Many operators apart "
+            "(docs/attention.md). `strategy=\"dnnfusion\"` only.")
     table3: dict | None = _opt(
         "table3", None,
         doc="Overrides of DNNFusion Table 3 (colours rebuilt): `{(first, second): colour}` "

@@ -2,9 +2,10 @@
 
 A build runs four phases; each function below returns one of them for a target::
 
-    graph      graph_phase      rewriting → conv packing → TVM's legalisation → SmartMem's
-                                elimination → mapping types → planning (DNNFusion, Apollo or
-                                stock FuseOps) → FuseTIR → [CPU: ScheduleFusedBlocks]
+    graph      graph_phase      rewriting → Gather index clamping → conv packing → TVM's
+                                legalisation → SmartMem's elimination → mapping types →
+                                planning (DNNFusion, Apollo or stock FuseOps) → FuseTIR →
+                                [CPU: ScheduleFusedBlocks]
     schedule   schedule_passes  CPU: nothing more; GPU: OptiFX's template, else DLight;
                                 Adreno: texture scopes, texel-per-thread schedules
     lowering   lowering         TVM's own dataflow lowering and finalisation for the target
@@ -42,8 +43,10 @@ from .relay_passes.fusion_plan import PlanOptions
 from .relay_passes.mapping_type import AnnotateMappingType
 from .relay_passes.plan_fusion import PlanFusion
 from .relay_passes.rewrite.math_properties import RewriteByMathProperties
+from .relay_passes.take_bounds import ClampTakeIndices
 from .tir_schedules.fused_block import ScheduleFusedBlocks
 from .tir_schedules.gpu import apply_gpu_schedules
+from .tir_schedules.noalias import MarkSingleBufferNoAlias
 
 __all__ = ["BACKENDS", "apply_gpu_schedules", "backend_of", "build", "graph_phase",
            "legalize_passes", "lowering", "schedule_passes", "smartmem_phase"]
@@ -88,6 +91,8 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
     if ours and rewriting.rewrite:
         passes.append(RewriteByMathProperties(rewriting.rewrite_rules,
                                               rewriting.allow_fp_reassociation))
+    if ours:  # Gather indices from the inputs: clamped, never read outside the data
+        passes.append(ClampTakeIndices())
     if strategy == "dnnfusion":  # §6 inter-block layout: packed convs on CPU
         # OptiFX's templates take NCHW region ops: with conv_chains on, "auto" keeps NCHW
         layout = smartmem.conv_layout
@@ -161,8 +166,12 @@ def _tvm_backend(target: tvm.target.Target):
 
 
 def _lowering_passes(target: tvm.target.Target) -> list:
+    """TVM's lowering, then ``tirx.noalias`` on the VM's shape functions: without it TVM 0.27's
+    LLVM codegen can emit every kernel of a symbolic-shape module as possibly aliased
+    (``tir_schedules/noalias.py``)."""
     backend = _tvm_backend(target)
-    return backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+    return (backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+            + [MarkSingleBufferNoAlias()])
 
 
 def lowering(target: tvm.target.Target) -> tvm.transform.Pass:
@@ -185,3 +194,12 @@ def build(target: tvm.target.Target, graph: tvm.transform.Pass, backend: str | N
         if backend == "adreno":
             passes.append(LowerTextures())
     return tvm.transform.Sequential(passes, name="tvm_fusion.build")
+
+
+def memory_planning(target: tvm.target.Target) -> tvm.transform.Pass:
+    """TVM's lowering of a fused module up to and including ``StaticPlanBlockMemory``: where
+    the storage its activations will take is decided (``tvm_fusion.memory`` reads it)."""
+    backend = _tvm_backend(target)
+    return tvm.transform.Sequential(
+        backend.dataflow_lower_passes(target) + [relax.transform.StaticPlanBlockMemory()],
+        name="tvm_fusion.memory_planning")

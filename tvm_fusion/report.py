@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 import onnx
 import tvm
 
@@ -32,7 +31,8 @@ from .compile import (
 from .devices import require_device
 from .feeds import random_inputs, run_shapes
 from .instrument import Collector
-from .numerics import compare, max_abs_error, tolerance_for
+from .memory import planned_memory
+from .numerics import check_outputs, max_abs_error
 from .relay_passes.plan_fusion import ModulePlan
 from .relay_passes.rejection import describe
 from .symbolic import symbolic_hints
@@ -45,6 +45,7 @@ class BlockRow:
     kernel: int
     mapping_type: str
     operators: list[str]
+    kind: str = ""  # "attention" for a planned attention block
 
 
 @dataclass
@@ -70,6 +71,7 @@ class ModelReport:
     opaque: list[str] = field(default_factory=list)
     feedback: list[str] = field(default_factory=list)  # strategy="apollo": scheduler feedback
     conv_chains: list[dict] = field(default_factory=list)  # OptiFX candidates (conv_chains=…)
+    attention: list[dict] = field(default_factory=list)  # attention candidates (attention=…)
     max_error_vs_stock: float | None = None
     max_error_vs_onnx: float | None = None
     # outputs that differ from ONNX Runtime the way stock TVM's do (ties in TopK/ArgMax indices,
@@ -79,6 +81,10 @@ class ModelReport:
     # what the model came as: "ONNX" (nodes: ONNX nodes; reference: ONNX Runtime) or
     # "torch.export" (nodes: FX operators; reference: PyTorch)
     source: str = "ONNX"
+    # activation memory of a run (tvm_fusion.memory: planned storage + run-time allocations +
+    # the largest kernel workspace), stock FuseOps' grouping and tvm_fusion's, same schedules
+    activation_bytes_stock: int | None = None
+    activation_bytes_fused: int | None = None
 
     @property
     def fusion_rate(self) -> float:
@@ -105,7 +111,7 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     if check:  # before minutes of building: the check runs the model on the target's device
         require_device(target, "the check runs the model: pass check=False (--no-check) to "
                                "plan and compile without running")
-    mod = import_model(model)
+    mod = import_model(model, node_names=True)  # the picture names operators by ONNX node
     stock_mod = fuse(mod, target, strategy="tvm")
     collector = Collector()
     with tvm.transform.PassContext(instruments=[collector]):
@@ -116,7 +122,8 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     original = _plan_only(mod, target, options.get("symbolic_hint"))
     module_plan = record[0] if record else original
     if artifacts is not None:
-        artifacts.update(plan=record[0] if record else None, stock_mod=stock_mod)
+        artifacts.update(plan=record[0] if record else None, stock_mod=stock_mod,
+                         layout_blocks=list(collector.layout_blocks))
     nodes = [n for p in original.plans.values() for n in p.ecg.nodes]
 
     report = ModelReport(
@@ -133,6 +140,9 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         irs_bytes_after=sum(p.ecg.irs_bytes_fused(p.groups()) for p in module_plan.plans.values()),
         planning_seconds=round(module_plan.seconds, 4),
     )
+    with symbolic_hints(options.get("symbolic_hint")):
+        report.activation_bytes_stock = planned_memory(stock_mod, target).total
+        report.activation_bytes_fused = planned_memory(fused_mod, target).total
     if rewrites:
         report.flops_before_rewrite = int(rewrites[0].flops_before)
         report.flops_after_rewrite = int(rewrites[0].flops_after)
@@ -141,11 +151,16 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     report.feedback = [e.describe() for e in getattr(module_plan, "feedback", [])]
     kernel = 0
     for plan in module_plan.plans.values():
+        kernel_of = {}
         for block in plan.blocks:
             nodes = [plan.ecg.nodes[i] for i in block.members]
             report.blocks.append(BlockRow(kernel, block.mapping_type.short,
-                                          [f"{n.op_name}[{n.mapping_type.short}]" for n in nodes]))
+                                          [f"{n.op_name}[{n.mapping_type.short}]" for n in nodes],
+                                          block.kind))
+            kernel_of.update({i: kernel for i in block.members})
             kernel += 1
+        report.attention += [_attention_row(plan.ecg, d, kernel_of)
+                             for d in getattr(plan, "attention", [])]
         report.rejections += [{"first": r.first, "second": r.second, "reason": r.reason.value,
                                "detail": r.detail} for r in plan.rejections]
         report.yellow += [{"first": y.first, "second": y.second, "fuse": y.decision.fuse,
@@ -164,49 +179,24 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         order = graph_input_names(signature)
         inputs = [feeds[k] for k in order]
         ours = run(compile_model(mod, target, **options), inputs)
-        stock = run(compile_model(mod, target, strategy="tvm"), inputs)
+        try:  # stock TVM 0.27 fails on some models tvm_fusion builds (fp16 batch norm)
+            stock = run(compile_model(mod, target, strategy="tvm"), inputs)
+        except Exception as err:  # noqa: BLE001 (TVM raises several types)
+            stock = None
+            report.check_notes.append(
+                f"stock TVM does not build the model ({_first_line(err)}): checked against "
+                f"{'PyTorch' if signature is not model else 'ONNX Runtime'} only")
         try:
             reference = reference_outputs(model, feeds)
         except Exception as err:  # noqa: BLE001 (ONNX Runtime raises its own untyped errors)
             which = "PyTorch" if signature is not model else "ONNX Runtime"
             raise ModelError(f"{name}: the reference ({which}) cannot run the model "
                              f"({_first_line(err)}); --no-check skips the check") from None
-        report.max_error_vs_stock = max_abs_error(ours, stock)
+        if stock is not None:
+            report.max_error_vs_stock = max_abs_error(ours, stock)
         report.max_error_vs_onnx = max_abs_error(ours, reference)
-        report.check_notes = check_outputs(ours, stock, reference)
+        report.check_notes += check_outputs(ours, stock, reference)
     return report
-
-
-def check_outputs(ours, stock, reference) -> list[str]:
-    """The numerical check: each output of tvm_fusion against the ONNX reference, with the
-    tolerance of its dtype (:func:`tvm_fusion.numerics.tolerance_for`; integers exact).
-
-    An output out of tolerance of the reference but within it of stock TVM's is not a fusion
-    error: it is a tie that TVM's TopK/ArgMax break another way than ONNX Runtime, or an
-    accumulation order of TVM's own. It passes with a note (returned) that says so; any other
-    difference raises ``AssertionError`` naming the output.
-    """
-    ours, stock, reference = list(ours), list(stock), list(reference)
-    if not len(ours) == len(stock) == len(reference):
-        raise AssertionError(f"tvm_fusion has {len(ours)} outputs, stock TVM {len(stock)}, "
-                             f"the reference {len(reference)}")
-    notes = []
-    for i, (out, base, ref) in enumerate(zip(ours, stock, reference, strict=True)):
-        rtol, atol = tolerance_for(np.asarray(ref).dtype)
-        try:
-            compare([out], [ref], rtol=rtol, atol=atol)
-            continue
-        except AssertionError as err:
-            vs_onnx = str(err).replace("output 0", f"output {i}", 1)
-        try:
-            compare([out], [base], rtol=rtol, atol=atol)
-        except AssertionError:
-            raise AssertionError(f"{vs_onnx} (ONNX Runtime's reference; stock TVM differs "
-                                 f"by at most {max_abs_error([out], [base]):.3g})") from None
-        notes.append(f"output {i} differs from ONNX Runtime (max abs err "
-                     f"{max_abs_error([out], [ref]):.3g}) as stock TVM's does; tvm_fusion "
-                     f"agrees with stock TVM (max abs err {max_abs_error([out], [base]):.3g})")
-    return notes
 
 
 def _nodes_word(report: ModelReport) -> str:
@@ -237,6 +227,10 @@ def format_report(report: ModelReport, why: bool = False) -> str:
         f"{_mb(report.irs_bytes_after)} after fusion",
         f"  planning: {report.planning_seconds:.3f} s",
     ]
+    if report.activation_bytes_fused is not None:
+        lines.insert(3, f"  activation memory (planned storage + largest kernel workspace): "
+                        f"stock TVM {_mb(report.activation_bytes_stock)}, tvm_fusion "
+                        f"{_mb(report.activation_bytes_fused)}")
     if report.flops_before_rewrite is not None:
         fired = ", ".join(f"{k} {v}" for k, v in sorted(report.rules_fired.items())) or "none"
         lines.append(f"  rewriting: {report.flops_before_rewrite / 1e9:.4f} -> "
@@ -248,14 +242,29 @@ def format_report(report: ModelReport, why: bool = False) -> str:
                           for k, v in report.run_shapes.items())
         lines.append(f"  input shapes: compiled once for every size; run and checked at {sizes}")
     if report.max_error_vs_onnx is not None:
-        lines.append(f"  numerics: max |tvm_fusion - stock| = {report.max_error_vs_stock:.3g}, "
+        vs_stock = ("n/a" if report.max_error_vs_stock is None
+                    else f"{report.max_error_vs_stock:.3g}")
+        lines.append(f"  numerics: max |tvm_fusion - stock| = {vs_stock}, "
                      f"max |tvm_fusion - {_reference_word(report)}| = "
                      f"{report.max_error_vs_onnx:.3g}")
         lines += [f"    {note}" for note in report.check_notes]
     lines.append("  fusion blocks:")
     for block in report.blocks:
         lines.append(f"    #{block.kernel:<3d} {block.mapping_type:7s} "
+                     + (f"[{block.kind}] " if block.kind else "")
                      + " -> ".join(block.operators))
+    if report.attention:
+        fused = [a for a in report.attention if a["chosen"]]
+        saved = sum(a["score_bytes"] for a in fused)
+        lines.append(f"  attention (online softmax): {len(fused)} of {len(report.attention)} "
+                     f"candidates fused, {_mb(saved)} of scores never written")
+        for a in report.attention if why else fused:
+            where = f"kernel #{a['kernel']}" if a["kernel"] is not None else "not fused"
+            lines.append(f"    {' -> '.join(a['operators'])}: {where}, {a['operators_in_block']} "
+                         f"operators, scores {'x'.join(map(str, a['score_shape']))} "
+                         f"({_mb(a['score_bytes'])})"
+                         + ("" if a["chosen"] else
+                            f"; not fused: {describe(a['rejected'], a['reason'])}"))
     if report.opaque:
         lines.append("  opaque (never fused): " + "; ".join(report.opaque))
     if report.feedback:
@@ -305,6 +314,20 @@ def operator_kind(described: str) -> str:
     Relax variable and the numbers TVM appends to repeated PrimFunc names (``conv2d`` kept)."""
     name = described.split("=", 1)[1] if "=" in described else described
     return re.sub(r"(?<=[a-z])\d+(?=_|\[|$)", "", name)
+
+
+def _attention_row(ecg, decision, kernel_of: dict) -> dict:
+    """One attention candidate for the report: its anchors, its kernel, the score bytes the
+    fused kernel never writes (every score-sized intermediate of the unfused operators)."""
+    cand = decision.candidate
+    return {"operators": [ecg.nodes[i].op_name for i in (cand.qk, cand.softmax, cand.pv)],
+            "chosen": decision.chosen,
+            "kernel": kernel_of.get(cand.pv) if decision.chosen else None,
+            "operators_in_block": len(cand.members), "score_shape": list(cand.score_shape),
+            "score_bytes": int(cand.score_bytes) if decision.chosen else 0,
+            "score_bytes_unfused": int(cand.score_bytes),
+            "rejected": decision.rejected.value if decision.rejected else None,
+            "reason": decision.reason}
 
 
 def _chain_row(ecg, decision) -> dict:

@@ -21,8 +21,12 @@ from .threads import physical_cores
 NATIVE = "native"  # the CLI's name for host_target()
 _X86_64 = ("x86_64", "amd64", "x64")
 
-__all__ = ["NATIVE", "host_cpu", "host_target", "host_target_dict", "is_bare_x86_llvm",
-           "to_target", "warn_if_bare_llvm"]
+__all__ = ["NATIVE", "check_llvm_cpu", "host_cpu", "host_target", "host_target_dict",
+           "is_bare_x86_llvm", "to_target", "warn_if_bare_llvm"]
+
+# triples suggested when an llvm target names a CPU of another architecture than its triple's
+_SUGGESTED_TRIPLES = ("aarch64-linux-gnu", "x86_64-linux-gnu", "arm-linux-gnueabihf",
+                      "riscv64-linux-gnu", "powerpc64le-linux-gnu")
 
 
 def to_target(target) -> tvm.target.Target:
@@ -43,6 +47,34 @@ def to_target(target) -> tvm.target.Target:
         text = str(err).strip()
         first = text.splitlines()[0] if text else type(err).__name__
         raise ValueError(f"invalid target {target!r}: {first}") from None
+
+
+def check_llvm_cpu(target: tvm.target.Target) -> None:
+    """``ValueError`` when an ``llvm`` target names a CPU that LLVM does not know for the
+    target's triple (this machine's when it names none): LLVM would warn once per function,
+    ignore the CPU and compile for a generic one of the triple's architecture, e.g. x86-64 code
+    for ``{"kind": "llvm", "mcpu": "cortex-a76"}`` on an x86-64 machine. The line says which
+    triple the CPU belongs to."""
+    if target.kind.name != "llvm":
+        return
+    cpu = str(target.attrs.get("mcpu", "") or "")
+    if not cpu or cpu in ("generic", "native"):
+        return
+    codegen = tvm.target.codegen
+    triple = str(target.attrs.get("mtriple", "") or "") or str(codegen.llvm_get_system_triple())
+    try:
+        if codegen.llvm_is_valid_cpu(cpu, triple):
+            return
+        known = set(codegen.llvm_get_targets())
+        owners = [t for t in _SUGGESTED_TRIPLES if t.split("-", 1)[0] in known
+                  and t != triple and codegen.llvm_is_valid_cpu(cpu, t)]
+    except Exception:  # noqa: BLE001 (a TVM without LLVM's target queries: LLVM decides)
+        return
+    named = "" if target.attrs.get("mtriple") else " (this machine's: the target names none)"
+    fix = (f'it is a CPU of {owners[0].split("-", 1)[0]}: add "mtriple": "{owners[0]}"'
+           if owners else "name a CPU of that triple, or the triple of the CPU")
+    raise ValueError(f"target {target}: LLVM knows no CPU {cpu!r} for the triple {triple}"
+                     f"{named}, and would compile for a generic CPU of that triple; {fix}")
 
 
 def host_cpu() -> str:

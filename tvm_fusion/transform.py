@@ -75,6 +75,7 @@ def make_plan_options(options: Options) -> PlanOptions:
         seed_policy=planning.seed_policy,
         prefer_epilogues=planning.prefer_epilogues,
         conv_chains=options.optifx.conv_chains,
+        attention=planning.attention,
     )
 
 

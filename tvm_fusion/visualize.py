@@ -9,8 +9,9 @@ Nothing is fetched when the page opens (no script, font or style from a URL): it
 and can be attached to an issue. The layout is computed here, at write time: blocks are ranked
 by longest path over the block graph (a DAG: the planner rejects cycles), each rank is a column,
 and a block's operators are stacked in its column in topological order, so clusters never
-overlap. Operators are named by their lowered PrimFunc names and Relax variables: the ECG does
-not keep the ONNX node names (``relax.frontend.onnx`` drops them).
+overlap. Operators are named by their lowered PrimFunc names and, below them, the ONNX nodes
+they came from (:mod:`tvm_fusion.onnx_names`: TVM's importer drops the names, so the model is
+imported with them carried as spans).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tvm import relax
 from .atomic import atomic_write_text
 from .compile import count_kernels, fuse, import_onnx, load_onnx
 from .instrument import Collector
+from .onnx_names import node_names
 
 # anchor mapping type -> cluster fill (light) and stroke (dark)
 COLOURS = {
@@ -37,7 +39,8 @@ COLOURS = {
     "Opaque": ("#e8e8e8", "#555555"),
     "kernel": ("#eef1f5", "#5a6b7d"),
 }
-COL_W, NODE_W, NODE_H, ROW_GAP, PAD, HEAD = 310, 240, 22, 6, 10, 20
+PROFILE_SOURCES = ("db", "measure", "model")  # a yellow verdict from timings, not the default
+COL_W, NODE_W, NODE_H, ROW_GAP, PAD, HEAD = 310, 240, 32, 6, 10, 20
 INDENT, BAND_GAP = 20, 34  # room for in-block arcs on the left; between ranks
 LABEL_CHARS = 36  # what fits NODE_W at 11px monospace; the full name is in the tooltip
 
@@ -47,6 +50,11 @@ class Node:
     label: str  # PrimFunc (or Relax op) name
     var: str  # the Relax variable it binds (names repeat: a label needs it to be unique)
     detail: str  # tooltip text
+    onnx: list[str] = field(default_factory=list)  # the ONNX nodes it came from
+
+    @property
+    def onnx_text(self) -> str:
+        return ", ".join(self.onnx)
 
 
 @dataclass
@@ -65,6 +73,10 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     edges: list[tuple[int, int, str]] = field(default_factory=list)  # (src, dst, reason or "")
     clusters: list[Cluster] = field(default_factory=list)
+    # yellow cells a profile (database, measurement or the latency model) decided:
+    # (src, dst, "fused" or "kept apart", its detail: the times of fused vs apart)
+    profiled: list[tuple[int, int, str, str]] = field(default_factory=list)
+    removed: list = field(default_factory=list)  # SmartMem's RemovedLayoutOp records
 
 
 # ------------------------------------------------------------------------------ from the plans
@@ -78,10 +90,21 @@ def plan_graph(module_plan) -> Graph:
         base = len(graph.nodes)
         block_of = {i: b for b, blk in enumerate(plan.blocks) for i in blk.members}
         for n in ecg.nodes:
+            onnx_nodes = node_names(n.var)
+            origin = (f"; ONNX: {', '.join(onnx_nodes)}" if onnx_nodes else
+                      "; no ONNX node: inserted by a pass" if "layout_transform" in n.op_name
+                      else "; created by rewriting" if n.name.startswith("rw") else "")
             graph.nodes.append(Node(n.op_name, n.name,
                                     f"{n.name} = {n.op_name} [{n.mapping_type.short}] "
-                                    f"({func}, dataflow block {block_index}); {n.reason}"))
+                                    f"({func}, dataflow block {block_index}){origin}; "
+                                    f"{n.reason}", onnx_nodes))
         reasons = _rejection_index(plan)
+        for (a, b), yellow in _pair_index(plan, plan.yellow).items():
+            decision = yellow.decision
+            if decision.source in PROFILE_SOURCES:
+                graph.profiled.append((base + a, base + b,
+                                       "fused" if decision.fuse else "kept apart",
+                                       f"{decision.source}: {decision.detail}"))
         for n in ecg.nodes:
             for s in n.succs:
                 cut = block_of.get(n.index) != block_of.get(s)
@@ -98,17 +121,23 @@ def plan_graph(module_plan) -> Graph:
 
 
 def _rejection_index(plan) -> dict[tuple[int, int], str]:
-    """Rejections name operators by ``describe()`` strings, which may repeat (Relax reuses
-    variable names such as ``lv``); resolve each to the producer -> consumer edge it is about."""
+    """Each rejection's reason on the producer -> consumer edge it is about."""
+    return {edge: r.describe() for edge, r in _pair_index(plan, plan.rejections).items()}
+
+
+def _pair_index(plan, records) -> dict[tuple[int, int], object]:
+    """Records (rejections, yellow decisions) name operators by ``describe()`` strings, which
+    may repeat (Relax reuses variable names such as ``lv``); resolve each to the producer ->
+    consumer edge it is about (the first record of an edge wins)."""
     by_text: dict[str, list[int]] = {}
     for n in plan.ecg.nodes:
         by_text.setdefault(n.describe(), []).append(n.index)
-    out: dict[tuple[int, int], str] = {}
-    for r in plan.rejections:
+    out: dict[tuple[int, int], object] = {}
+    for r in records:
         for a in by_text.get(r.first, []):
             for b in by_text.get(r.second, []):
                 if b in plan.ecg.nodes[a].succs:
-                    out.setdefault((a, b), r.describe())
+                    out.setdefault((a, b), r)
     return out
 
 
@@ -142,7 +171,8 @@ def kernel_graph(mod, title: str = "stock FuseOps") -> Graph:
                     name = getattr(callee, "name_hint", None) or str(callee)
                     idx = len(graph.nodes)
                     graph.nodes.append(Node(name, binding.var.name, f"{binding.var.name} = {name} "
-                                                  f"({gvar.name_hint})"))
+                                                  f"({gvar.name_hint})",
+                                            node_names(binding.var)))
                     graph.clusters.append(Cluster(len(graph.clusters), "kernel", [idx]))
                     graph.edges += [(s, idx, "") for s in sorted(srcs)]
                     producers[binding.var] = {idx}
@@ -216,7 +246,9 @@ def render_svg(graph: Graph, view: str, hidden: bool = False) -> str:
     for c in graph.clusters:
         x, y, w, h = boxes[c.kernel]
         fill, stroke = COLOURS.get(c.kind, COLOURS["kernel"])
-        names = ", ".join(graph.nodes[n].label for n in c.members)
+        names = ", ".join(graph.nodes[n].label + (f" ({graph.nodes[n].onnx_text})"
+                                                  if graph.nodes[n].onnx else "")
+                          for n in c.members)
         head = f"#{c.kernel} {c.kind}" if c.kind != "kernel" else f"#{c.kernel}"
         parts.append(
             f'<g class="cluster" data-kernel="{c.kernel}"><title>{_e(head)}: {_e(names)}'
@@ -250,16 +282,27 @@ def render_svg(graph: Graph, view: str, hidden: bool = False) -> str:
                  f"{_e(reason)}</title>") if reason else ""
         data = f' data-edge="{k}"' if reason else ""
         edges.append(f'<path class="{cls}"{data} d="{d}" marker-end="url(#arrow)">{title}</path>')
+    for k, (a, b, verdict, detail) in enumerate(graph.profiled):
+        if a not in places or b not in places:
+            continue
+        (ax, ay), (bx, by) = places[a], places[b]
+        d = f"M{ax + NODE_W},{ay + NODE_H / 2} L{bx + NODE_W},{by + NODE_H / 2}"
+        edges.append(f'<path class="profiled" data-profiled="{k}" d="{d}"><title>'
+                     f"{_e(graph.nodes[a].label)} → {_e(graph.nodes[b].label)}: {_e(verdict)} "
+                     f"({_e(detail)})</title></path>")
     parts.append('<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" '
                  'markerWidth="6" markerHeight="6" orient="auto"><path d="M0,0 L8,4 L0,8 z" '
                  'fill="#666"/></marker></defs>')
     parts += edges
     for n, (x, y) in places.items():
         node = graph.nodes[n]
-        parts.append(f'<g class="op" data-name="{_e(node.label.lower())}"><title>{_e(node.detail)}'
+        search = f"{node.label} {node.onnx_text}".lower()
+        origin = (f'<text x="{x + 5}" y="{y + 26}" class="onnx">{_e(_short(node.onnx_text))}'
+                  "</text>") if node.onnx else ""
+        parts.append(f'<g class="op" data-name="{_e(search)}"><title>{_e(node.detail)}'
                      f'</title><rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="3" '
-                     f'fill="#fff" stroke="#999"/><text x="{x + 5}" y="{y + 15}">'
-                     f"{_e(_short(node.label))}</text></g>")
+                     f'fill="#fff" stroke="#999"/><text x="{x + 5}" y="{y + 13}">'
+                     f"{_e(_short(node.label))}</text>{origin}</g>")
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -278,12 +321,23 @@ def render_html(ours: Graph, stock: Graph, title: str = "fusion plan",
                     f"<td>{_cell(ours.nodes[b])}</td><td>{_e(reason)}</td></tr>")
     legend = " ".join(f'<span class="key" style="background:{f};border-color:{s}">{_e(k)}</span>'
                       for k, (f, s) in COLOURS.items() if k != "kernel")
+    profiled = [f'<tr data-profiled="{k}"><td>{_cell(ours.nodes[a])}</td>'
+                f"<td>{_cell(ours.nodes[b])}</td><td>{_e(verdict)}: {_e(detail)}</td></tr>"
+                for k, (a, b, verdict, detail) in enumerate(ours.profiled)]
+    removed = [f'<tr class="removed" data-find="{_e((r.into_onnx or (r.into,))[0].lower())}">'
+               f"<td>{_e(r.op)}" + (f'<br><span class="onnx">{_e(", ".join(r.onnx))}</span>'
+                                    if r.onnx else "")
+               + f"</td><td>{_e(r.into)}" + (f'<br><span class="onnx">'
+                                              f'{_e(", ".join(r.into_onnx))}</span>'
+                                              if r.into_onnx else "")
+               + f"</td><td>{_e(r.action)}</td></tr>" for r in ours.removed]
     counts = json.dumps({"tvm_fusion": fused_kernels, "stock": stock_kernels})
     return _PAGE.format(
         title=_e(title), fused=fused_kernels, stock=stock_kernels, legend=legend,
         operators=len(ours.nodes), ours=render_svg(ours, "tvm_fusion"),
         theirs=render_svg(stock, "stock", hidden=True), rows="\n".join(rows),
-        cuts=len(rows), counts=counts, css=_CSS, js=_JS)
+        cuts=len(rows), counts=counts, css=_CSS, js=_JS, removed="\n".join(removed),
+        n_removed=len(removed), profiled="\n".join(profiled), n_profiled=len(profiled))
 
 
 @dataclass
@@ -302,10 +356,14 @@ class FusionPicture:
 
 
 def picture(module_plan, stock_mod, title: str = "fusion plan",
-            fused_kernels: int | None = None) -> FusionPicture:
-    """The page of one planned module against stock FuseOps' fused module."""
-    return FusionPicture(render_html(plan_graph(module_plan), kernel_graph(stock_mod), title,
-                                     fused_kernels, count_kernels(stock_mod)))
+            fused_kernels: int | None = None, layout_blocks=()) -> FusionPicture:
+    """The page of one planned module against stock FuseOps' fused module; ``layout_blocks``
+    are SmartMem's records of the build (the Collector's), whose removed layout operators
+    the page lists."""
+    ours = plan_graph(module_plan)
+    ours.removed = [r for block in layout_blocks for r in getattr(block, "removed", [])]
+    return FusionPicture(render_html(ours, kernel_graph(stock_mod), title, fused_kernels,
+                                     count_kernels(stock_mod)))
 
 
 def visualize(mod_or_model, target="llvm", title: str | None = None, **options) -> FusionPicture:
@@ -314,18 +372,21 @@ def visualize(mod_or_model, target="llvm", title: str | None = None, **options) 
     if isinstance(mod_or_model, str):
         title = title or mod_or_model
         mod_or_model = load_onnx(mod_or_model)
-    mod = import_onnx(mod_or_model) if isinstance(mod_or_model, onnx.ModelProto) else mod_or_model
+    mod = (import_onnx(mod_or_model, node_names=True)
+           if isinstance(mod_or_model, onnx.ModelProto) else mod_or_model)
     collector = Collector()
     with tvm.transform.PassContext(instruments=[collector]):
         fused = fuse(mod, target, **options)
     if not collector.plans:
         raise ValueError("visualize: the planner recorded no plan (strategy='tvm' has none)")
     stock = fuse(mod, target, strategy="tvm")
-    return picture(collector.plans[0], stock, title or "fusion plan", count_kernels(fused))
+    return picture(collector.plans[0], stock, title or "fusion plan", count_kernels(fused),
+                   collector.layout_blocks)
 
 
 def _cell(node: Node) -> str:
-    return f'{_e(node.label)} <span class="var">{_e(node.var)}</span>'
+    origin = f'<br><span class="onnx">{_e(node.onnx_text)}</span>' if node.onnx else ""
+    return f'{_e(node.label)} <span class="var">{_e(node.var)}</span>{origin}'
 
 
 def _short(label: str) -> str:
@@ -352,10 +413,13 @@ main{display:flex;height:calc(100vh - 92px)}
 aside{width:480px;overflow:auto;padding:0 8px}
 svg text{font:11px ui-monospace,monospace}
 svg text.head{font-weight:bold}
+svg text.onnx{font-size:10px;fill:#3a6ea5}
+span.onnx{color:#3a6ea5}
 path.in,path.link{fill:none;stroke:#999;stroke-width:1}
 path.link{stroke:#5a6b7d;stroke-width:1.2}
 path.cut{fill:none;stroke:#c0392b;stroke-width:1.4;stroke-dasharray:5 3;cursor:pointer}
 path.cut:hover,path.cut.sel{stroke-width:3.5}
+path.profiled{fill:none;stroke:#2e7d32;stroke-width:2}
 g.op.hit rect{fill:#fff59d;stroke:#333}
 table{border-collapse:collapse;width:100%;font-size:12px}
 td,th{border-bottom:1px solid #ddd;padding:3px;text-align:left;vertical-align:top}
@@ -384,6 +448,10 @@ _JS = """
     r.onclick=function(){select(r.getAttribute('data-edge'));show('tvm_fusion');
       var p=document.querySelector('path[data-edge="'+r.getAttribute('data-edge')+'"]');
       if(p){p.scrollIntoView({block:'center',inline:'center'});}};});
+  document.querySelectorAll('tr.removed').forEach(function(r){r.onclick=function(){
+    var s=document.getElementById('search');s.value=r.getAttribute('data-find');
+    s.dispatchEvent(new Event('input'));show('tvm_fusion');
+    var hit=document.querySelector('g.op.hit');if(hit){hit.scrollIntoView({block:'center'});}};});
   document.getElementById('search').oninput=function(e){var q=e.target.value.toLowerCase();
     document.querySelectorAll('g.op').forEach(function(g){
       g.classList.toggle('hit',q.length>0&&g.getAttribute('data-name').indexOf(q)>=0);});};
@@ -394,9 +462,10 @@ _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
 <style>{css}</style></head><body>
 <header><h1>{title}: {operators} operators as planned, tvm_fusion {fused} kernels,
-stock FuseOps {stock} kernels</h1>
+stock FuseOps {stock} kernels, {n_removed} layout operators removed</h1>
 <button id="toggle">toggle tvm_fusion / stock FuseOps</button> showing <b id="which">tvm_fusion</b>
-&nbsp; <input id="search" placeholder="find operator" size="18"> &nbsp; anchor: {legend}
+&nbsp; <input id="search" placeholder="find operator or ONNX node" size="24">
+&nbsp; anchor: {legend}
 <span style="color:#c0392b">- - -</span> edge kept apart (hover or click for why)
 <script type="application/json" id="kernel-counts">{counts}</script></header>
 <main><div id="canvas">
@@ -405,6 +474,14 @@ stock FuseOps {stock} kernels</h1>
 </div><aside><h3>{cuts} edges between kernels, and why</h3>
 <table><tr><th>producer</th><th>consumer</th><th>why not fused</th></tr>
 {rows}
+</table>
+<h3>{n_profiled} pairs a profile decided (fused vs apart)</h3>
+<table id="profiled"><tr><th>producer</th><th>consumer</th><th>verdict: measured times</th></tr>
+{profiled}
+</table>
+<h3>{n_removed} layout operators SmartMem removed</h3>
+<table id="removed"><tr><th>removed</th><th>its indexing now done by</th><th>Table 5</th></tr>
+{removed}
 </table></aside></main>
 <script>{js}</script>
 </body></html>

@@ -26,6 +26,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx import onnx_frontend as tvm_onnx
 
+from ..onnx_names import name_bindings
 from . import onnx_repairs
 from .errors import FrontendError, reason_of
 from .shape_values import (
@@ -86,6 +87,8 @@ class RepairingImporter(tvm_onnx.ONNXGraphImporter):
         self.analyzer = ShapeAnalyzer()
         # ONNX tensor name -> (object array of ints/bools/PrimExprs, dtype)
         self._values: dict[str, tuple[np.ndarray, str]] = {}
+        # per converted node: (its name, the expressions it became), for onnx_names
+        self.results: list[tuple[str, list]] = []
 
     # -- TVM's hooks --------------------------------------------------------------------------
 
@@ -161,6 +164,7 @@ class RepairingImporter(tvm_onnx.ONNXGraphImporter):
         if len(outputs) > len(results):
             raise FrontendError(_where(node), f"{len(outputs)} outputs expected, the converter "
                                               f"gave {len(results)}")
+        self.results.append((_node_name(node), [*results, out] if results != [out] else results))
         for name, result in zip(outputs, results):
             self._nodes[name] = result
             ty = getattr(result, "ty", None)
@@ -174,6 +178,7 @@ class RepairingImporter(tvm_onnx.ONNXGraphImporter):
         else_expr = self._convert_subgraph(self.bb, attr["else_branch"])
         result = self.bb.emit(relax.If(cond, relax.SeqExpr([], then_expr),
                                        relax.SeqExpr([], else_expr)))
+        self.results.append((_node_name(node), [result]))
         if len(node.output) == 1:
             self._nodes[node.output[0]] = result
         else:
@@ -289,6 +294,14 @@ class RepairingImporter(tvm_onnx.ONNXGraphImporter):
         return self.materialize(name)
 
 
+def _node_name(node: onnx.NodeProto) -> str:
+    """What :mod:`tvm_fusion.onnx_names` calls a node: its name, else ``Op → its output``."""
+    if node.name:
+        return node.name
+    outputs = [o for o in node.output if o]
+    return f"{node.op_type} → {outputs[0]}" if outputs else node.op_type
+
+
 def _where(node: onnx.NodeProto) -> str:
     name = node.name or (node.output[0] if node.output else "?")
     return f"ONNX node {name!r} ({node.op_type})"
@@ -296,13 +309,15 @@ def _where(node: onnx.NodeProto) -> str:
 
 def from_onnx(model: onnx.ModelProto, shape_dict: dict | None = None, *,
               dtype_dict="float32", opset: int | None = None, keep_params_in_input=False,
-              repairs=ALL_REPAIRS, report: ImportReport | None = None) -> tvm.IRModule:
+              repairs=ALL_REPAIRS, report: ImportReport | None = None,
+              node_names: bool = False) -> tvm.IRModule:
     """Import an ONNX model with TVM's importer and the repairs (:data:`ALL_REPAIRS`).
 
     Arguments are ``tvm.relax.frontend.onnx.from_onnx``'s; ``repairs`` selects repairs (all by
     default; an empty set is stock TVM's import through this loop) and ``report`` (an
-    :class:`ImportReport`) receives which ones applied. Raises :class:`FrontendError` naming
-    the node that cannot be imported."""
+    :class:`ImportReport`) receives which ones applied; ``node_names=True`` spans every binding
+    with the name of the ONNX node it came from (:mod:`tvm_fusion.onnx_names`). Raises
+    :class:`FrontendError` naming the node that cannot be imported."""
     if model.ir_version < 3:
         raise FrontendError("ONNX model", f"IR version {model.ir_version} is older than 3")
     importer = RepairingImporter(shape_dict, dtype_dict, keep_params_in_input=keep_params_in_input,
@@ -312,4 +327,5 @@ def from_onnx(model: onnx.ModelProto, shape_dict: dict | None = None, *,
     printed = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
         warnings.simplefilter("ignore")
-        return importer.from_onnx(model.graph, opset)
+        mod = importer.from_onnx(model.graph, opset)
+    return name_bindings(mod, importer.results) if node_names else mod

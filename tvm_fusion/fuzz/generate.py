@@ -21,7 +21,9 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..models.graph import GraphBuilder, make_model, value_info
+from ..models.precision import cast_model
 from .differential import Case
+from .feeds import make_feeds
 
 OPSET = 18
 IR_VERSION = 8
@@ -741,9 +743,173 @@ def make_symbolic(model: onnx.ModelProto, axis: int = 0, name: str = "N") -> onn
     return out
 
 
+#: Operators whose constant weight (input 1) and activation (input 0) a QDQ case quantizes.
+QDQ_ANCHORS = ("Conv", "MatMul", "Gemm")
+
+
+def _qdq_anchors(model: onnx.ModelProto, inits: dict) -> list:
+    found = []
+    for n in model.graph.node:
+        if n.op_type not in QDQ_ANCHORS or len(n.input) < 2 or n.input[1] not in inits:
+            continue
+        w = inits[n.input[1]]
+        trans_a = any(a.name == "transA" and a.i for a in n.attribute)
+        if w.ndim >= 2 and w.dtype == np.float32 and not trans_a:
+            found.append(n)
+    return found
+
+
+def _calibrate(model: onnx.ModelProto, names: list[str], seed: int) -> dict | None:
+    """The float model's values of ``names`` on the case's own inputs (ONNX Runtime)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    known = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(helper.make_empty_tensor_value_info(v)
+                              for v in dict.fromkeys(names) if v not in known)
+    try:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(probe.SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        values = dict(zip([o.name for o in sess.get_outputs()],
+                          sess.run(None, make_feeds(model, seed))))
+    except Exception:  # noqa: BLE001 - no calibration, no QDQ case
+        return None
+    return values if all(np.isfinite(values[v]).all() for v in names) else None
+
+
+class _QdqWriter:
+    """Appends QDQ nodes and their int8/uint8 initializers to a copy of a graph."""
+
+    def __init__(self, graph, signed: bool):
+        self.graph, self.signed = graph, signed
+        self.qtype = np.int8 if signed else np.uint8
+        self.count = 0
+
+    def fresh(self, stem: str) -> str:
+        self.count += 1
+        return f"qdq_{stem}{self.count}"
+
+    def const(self, value, dtype) -> str:
+        name = self.fresh("c")
+        self.graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(value, dtype),
+                                                                   name))
+        return name
+
+    def qparams(self, value) -> tuple[np.float32, int]:
+        lo, hi = min(float(value.min()), 0.0), max(float(value.max()), 0.0)
+        if self.signed:
+            return np.float32(max(abs(lo), abs(hi)) / 127.0 or 1.0), 0
+        scale = (hi - lo) / 255.0 or 1.0
+        return np.float32(scale), int(np.clip(np.round(-lo / scale), 0, 255))
+
+    def pair(self, name: str, value, out: str | None = None) -> tuple[list, str, float]:
+        """QuantizeLinear → DequantizeLinear of ``name`` (the DequantizeLinear writes
+        ``out``): the nodes, the dequantized name and the scale."""
+        scale, zp = self.qparams(value)
+        s, z = self.const(scale, np.float32), self.const(zp, self.qtype)
+        q, dq = self.fresh("q"), out or self.fresh("dq")
+        return [helper.make_node("QuantizeLinear", [name, s, z], [q]),
+                helper.make_node("DequantizeLinear", [q, s, z], [dq])], dq, float(scale)
+
+    def weight(self, w: np.ndarray, axis: int | None) -> tuple[onnx.NodeProto, str, object]:
+        """``w`` as int8 through DequantizeLinear, per tensor (``axis`` None) or per channel."""
+        out = self.fresh("w")
+        if axis is None:
+            s_w = np.float32(max(float(np.abs(w).max()), 1e-8) / 127)
+            q = np.clip(np.round(w / s_w), -127, 127)
+            return helper.make_node("DequantizeLinear", [
+                self.const(q, np.int8), self.const(s_w, np.float32),
+                self.const(0, np.int8)], [out]), out, s_w
+        moved = np.moveaxis(np.abs(w), axis, 0).reshape(w.shape[axis], -1)
+        s_w = (np.maximum(moved.max(axis=1), 1e-8) / 127).astype(np.float32)
+        shape = [1] * w.ndim
+        shape[axis] = -1
+        q = np.clip(np.round(w / s_w.reshape(shape)), -127, 127)
+        return helper.make_node("DequantizeLinear", [
+            self.const(q, np.int8), self.const(s_w, np.float32),
+            self.const(np.zeros(w.shape[axis]), np.int8)], [out], axis=axis), out, s_w
+
+    def bias(self, b: np.ndarray, scale) -> tuple[onnx.NodeProto, str]:
+        out = self.fresh("b")
+        return helper.make_node("DequantizeLinear", [
+            self.const(np.round(b / scale), np.int32), self.const(scale, np.float32),
+            self.const(np.zeros(b.shape), np.int32)], [out], axis=0), out
+
+
+def qdq_wrap(model: onnx.ModelProto, rng: np.random.Generator, seed: int
+             ) -> onnx.ModelProto | None:
+    """The model as ``onnxruntime.quantization.quantize_static`` writes it in QDQ format,
+    around its Conv/MatMul/Gemm nodes with a constant weight: QuantizeLinear →
+    DequantizeLinear on the activation and on the output, the weight int8 through
+    DequantizeLinear (per tensor, or per output channel), a Conv/Gemm bias int32 with scale
+    ``s_x · s_w``; activations int8 or uint8 (asymmetric). Scales come from the float model's
+    values on the case's own inputs. None when nothing qualifies or calibration fails."""
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    anchors = _qdq_anchors(model, inits)
+    if not anchors:
+        return None
+    values = _calibrate(model, [n.input[0] for n in anchors] + [n.output[0] for n in anchors],
+                        seed)
+    if values is None:
+        return None
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    qdq = _QdqWriter(out.graph, signed=bool(rng.random() < 0.5))
+    per_channel = bool(rng.random() < 0.5)
+    names = {n.output[0] for n in anchors}
+    nodes = []
+    for node in list(out.graph.node):
+        if node.output[0] not in names:
+            nodes.append(node)
+            continue
+        pre, x_dq, s_x = qdq.pair(node.input[0], values[node.input[0]])
+        w = inits[node.input[1]]
+        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+        axis = 0 if node.op_type == "Conv" or (node.op_type == "Gemm" and trans_b) \
+            else w.ndim - 1
+        w_node, w_dq, s_w = qdq.weight(w, axis if per_channel else None)
+        pre.append(w_node)
+        inputs = [x_dq, w_dq, *node.input[2:]]
+        bias = inits.get(node.input[2]) if len(node.input) > 2 else None
+        if node.op_type in ("Conv", "Gemm") and bias is not None and bias.ndim == 1:
+            scale = (np.float32(s_x) * np.broadcast_to(s_w, bias.shape)).astype(np.float32)
+            if np.all(scale > 0):
+                b_node, inputs[2] = qdq.bias(bias, scale)
+                pre.append(b_node)
+        raw = qdq.fresh("f")
+        anchor = helper.make_node(node.op_type, inputs, [raw], name=node.name)
+        anchor.attribute.extend(node.attribute)
+        post, _, _ = qdq.pair(raw, values[node.output[0]], out=node.output[0])
+        nodes += [*pre, anchor, *post]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    used = {i for n in out.graph.node for i in n.input}
+    kept = [t for t in out.graph.initializer if t.name in used]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    try:
+        onnx.checker.check_model(out, full_check=True)
+    except Exception:  # noqa: BLE001 - the checker's own errors
+        return None
+    return out
+
+
+def to_float16(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """The model with every float32 tensor in float16 (None where ONNX does not allow it:
+    Resize's scales, an operator without fp16)."""
+    try:
+        return cast_model(model, "float16")
+    except Exception:  # noqa: BLE001 - the checker's own errors
+        return None
+
+
 def draw_case(seed: int, target: str = "llvm", special_share: float = 0.3,
-              option_share: float = 0.15, symbolic_share: float = 0.0, max_nodes: int = 12):
-    """The whole case of ``seed``: model, option set, input-value mode (and the symbolic hook).
+              option_share: float = 0.15, symbolic_share: float = 0.0, max_nodes: int = 12,
+              fp16_share: float = 0.1, qdq_share: float = 0.3):
+    """The whole case of ``seed``: model, option set, input-value mode (and the symbolic hook);
+    on ``qdq_share`` of the cases the Conv/MatMul/Gemm nodes are QDQ-wrapped (int8), on
+    ``fp16_share`` the whole graph is cast to float16.
 
     Each part has its own random stream, so changing one share leaves the others' draws alone.
     """
@@ -752,6 +918,11 @@ def draw_case(seed: int, target: str = "llvm", special_share: float = 0.3,
     options = draw_options(np.random.default_rng([seed, 2]), option_share)
     symbolic = bool(np.random.default_rng([seed, 3]).random() < symbolic_share)
     model = generate_model(seed, special=special, max_nodes=max_nodes)
+    precision = np.random.default_rng([seed, 4])
+    if not special and precision.random() < qdq_share:  # NaN to int8 is undefined
+        model = qdq_wrap(model, precision, seed) or model
+    elif precision.random() < fp16_share:
+        model = to_float16(model) or model
     shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
               for vi in model.graph.input}
     if symbolic:

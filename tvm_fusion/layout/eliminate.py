@@ -28,10 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import tvm
+import tvm_ffi
 from tvm import relax, s_tir, te, tirx
 from tvm.ir.expr import GenericConst
 
 from ..instrument import emit
+from ..onnx_names import node_names
 from ..relay_passes.grouping import group_bindings, is_primitive
 from ..relay_passes.mapping_type import analyze_primfunc, classify, num_primfunc_outputs
 from ..symbolic import takes_sizes
@@ -86,6 +88,17 @@ class Site:
                 f" ({self.reason}); map {self.load_map.describe()}")
 
 
+@dataclass(frozen=True)
+class RemovedLayoutOp:
+    """A Fixed (layout) operator the elimination removed, and where its index map went."""
+
+    op: str  # its PrimFunc (transpose, reshape...)
+    onnx: tuple[str, ...]  # the ONNX nodes it came from (tvm_fusion.onnx_names), if known
+    into: str  # the operator whose loads (or the producer whose stores) now do its indexing
+    into_onnx: tuple[str, ...]
+    action: str  # Table 5's cell
+
+
 @dataclass
 class BlockRecord:
     """What the pass did to one dataflow block."""
@@ -96,6 +109,24 @@ class BlockRecord:
     eliminated: int = 0  # Fixed operators removed
     materialised: int = 0  # copies left as kernels of their own
     layout_copies: int = 0  # extra layouts written for consumers beyond the first (k)
+    removed: list[RemovedLayoutOp] = field(default_factory=list)  # the eliminated ones
+
+
+def _removed_ops(ops: dict, sites: list, removed: set) -> list[RemovedLayoutOp]:
+    """One entry per eliminated Fixed operator, with the first site that folded it away."""
+    out: list[RemovedLayoutOp] = []
+    for var in [v for v in ops if v in removed]:  # binding order
+        site = next((s for s in sites if var in s.chain_vars and not s.leave), None)
+        if site is None:
+            continue
+        into = site.consumer if site.consumer is not None else site.source
+        into_op = ops.get(into)
+        out.append(RemovedLayoutOp(
+            ops[var].gvar.name_hint, tuple(node_names(var)),
+            into_op.gvar.name_hint if into_op is not None else "its producer",
+            tuple(node_names(into)) if isinstance(into, relax.Var) else (),
+            site.action.value if site.action is not None else ""))
+    return out
 
 
 @dataclass
@@ -389,6 +420,7 @@ class _Rewriter(relax.PyExprMutator):
         record.sites = [s.describe(names) for s in sites]
         kept_fixed = {v for s in sites if s.leave for v in s.chain_vars}
         record.eliminated = len(fixed - kept_fixed)
+        record.removed = _removed_ops(ops, sites, fixed - kept_fixed)
         record.materialised = len({s.view_key for s in sites
                                    if s.action is Action.KEEP_BOTH and not s.leave})
 
@@ -524,7 +556,7 @@ def epilogue_groups(block: relax.DataflowBlock, classes: dict,
         args = [a for a in _call_args(b.value) if isinstance(a, relax.Var)]
         cands = [a for a in args if a in position and find(a) in anchored and uses.get(a) == 1
                  and isinstance(a, relax.DataflowVar)]
-        if len(cands) != 1:
+        if len(cands) != 1 or _widens(cands[0], var):
             continue
         anchor = cands[0]
         root = find(anchor)
@@ -536,6 +568,18 @@ def epilogue_groups(block: relax.DataflowBlock, classes: dict,
     for v in position:
         components.setdefault(find(v), []).append(v)
     return [m for m in components.values() if len(m) > 1]
+
+
+def _widens(source: relax.Var, result: relax.Var) -> bool:
+    """``result`` holds ``source``'s elements in a wider type (a dequantize, a cast up): the
+    chain stops before it, so the anchor's kernel writes the narrow tensor and the widening
+    operator becomes its consumers' prologue (the planner's rule, fusion_plan.py)."""
+    src, out = source.ty, result.ty
+    if not isinstance(src, relax.TensorType) or not isinstance(out, relax.TensorType):
+        return False
+    if src.shape is None or out.shape is None or not tvm_ffi.structural_equal(src.shape, out.shape):
+        return False
+    return tvm.DataType(str(out.dtype)).bits > tvm.DataType(str(src.dtype)).bits
 
 
 def _call_args(call: relax.Call) -> list:

@@ -192,7 +192,8 @@ def fp16_shim(source: str) -> str:
     source = re.sub(r"#pragma OPENCL EXTENSION cl_khr_fp16 : enable", "", source)
     head = ["#define half float"] + [f"#define half{n} float{n}" for n in (2, 3, 4, 8, 16)]
     head += ["#define read_imageh read_imagef", "#define write_imageh write_imagef",
-             "#define as_half4(x) (x)", "#define as_half2(x) (x)", "#define as_half(x) (x)"]
+             "#define as_half4(x) (x)", "#define as_half2(x) (x)", "#define as_half(x) (x)",
+             "#define convert_half(x) ((float)(x))"]
     return "\n".join(head) + "\n" + source
 
 
@@ -228,7 +229,7 @@ class OpenCLRunner:
             objects[name] = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE,
                                       max(count, 1) * lanes * self._device_dtype(dtype).itemsize)
         for launch in compiled.launches:
-            kernel = getattr(program, launch.kernel)
+            kernel = cl.Kernel(program, launch.kernel)  # attribute access warns when repeated
             kernel.set_args(*[objects[a] for a in launch.args])
             cl.enqueue_nd_range_kernel(self.queue, kernel, launch.global_size, launch.local_size)
         self.queue.finish()

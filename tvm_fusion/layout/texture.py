@@ -309,7 +309,9 @@ class _Retype(relax.PyExprMutator):
             # a block's output stays an output (a DataflowVar would leak out of the block)
             bind = (self.builder_.emit if isinstance(b.var, relax.DataflowVar)
                     else self.builder_.emit_output)
-            new_var = bind(relax.call_tir(gvar, new_args, out_ty), b.var.name)
+            # a kernel with several results returns a tuple: call_tir takes their types
+            out = list(out_ty.fields) if isinstance(out_ty, relax.TupleType) else out_ty
+            new_var = bind(relax.call_tir(gvar, new_args, out), b.var.name)
             self.set_var_remap(b.var, new_var)
         return self.builder_._end_block()
 

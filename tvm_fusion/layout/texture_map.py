@@ -87,7 +87,8 @@ class TextureLayout:
                 size = shape[packed] // LANES if axis == BLOCK else shape[axis]
                 term = value(axis, idx)
                 expr = term if expr is None else expr * size + term
-            return expr if expr is not None else 0
+            # no axis (a single row, e.g. a [1, C] tensor whose blocks run along x): row 0
+            return expr if expr is not None else tirx.const(0, "int64")
 
         def fn(*idx):
             head = [combine(self.z, idx)] if self.z else []

@@ -75,10 +75,13 @@ def _schedule_sink(sch: s_tir.Schedule, name: str, threads: int, done: set[str])
     if not spatial:
         return
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-    extent = int(sch.get(fused).extent)
-    inner = min(threads, extent)
-    while extent % inner:
-        inner -= 1
+    extent = sch.get(fused).extent
+    if isinstance(extent, tirx.IntImm):  # a thread count that divides: no bounds predicate
+        inner = min(threads, int(extent))
+        while int(extent) % inner:
+            inner -= 1
+    else:  # a symbolic extent (buffers only: textures are static): the last block is guarded
+        inner = threads
     bx, tx = sch.split(fused, [None, inner])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")

@@ -52,6 +52,15 @@ class ECGNode:
     preds: list[int] = field(default_factory=list)
     succs: list[int] = field(default_factory=list)
     is_graph_output: bool = False  # its result (or a field of it) leaves the dataflow block
+    width_change: int = 0  # +1: its data in a wider type (dequantize), -1: narrower (quantize)
+
+    @property
+    def widens(self) -> bool:
+        return self.width_change > 0
+
+    @property
+    def narrows(self) -> bool:
+        return self.width_change < 0
 
     @property
     def name(self) -> str:
@@ -255,14 +264,38 @@ def _make_node(index, pos, var, call, weight_params, policy, cache) -> ECGNode |
         # arguments (``call_tir(f, (x, seq))``, a PrimValue): stock FuseOps never fuses one
         fusible = False
         reason = "takes symbolic sizes as arguments (FuseTIR loses the result's shape)"
+    arg_types = [_result_types(a.ty) for a in args]
     return ECGNode(
         index=index, binding_index=pos, var=var, op_name=op_name,
         mapping_type=found.mapping_type, reason=reason, fusible=fusible,
         out_shapes=out_shapes, out_dtypes=out_dtypes, irs_bytes=numel_bytes, flops=flops,
         weight_inputs=tuple(sorted(weights)),
-        in_elements=sum(shape_numel(s) or 0 for a in args for s in _result_types(a.ty)[0]
+        in_elements=sum(shape_numel(s) or 0 for shapes, _ in arg_types for s in shapes
                         if s is not None),
+        width_change=_width_change(out_shapes, out_dtypes,
+                                   [t for i, t in enumerate(arg_types) if i not in weights]),
     )
+
+
+def _width_change(out_shapes, out_dtypes, data_types) -> int:
+    """+1 when the one result has as many elements as its data inputs of that size, all in
+    fewer bytes (a dequantize int8 → float32, a cast up float16 → float32); -1 when they are
+    all wider (a quantize); else 0. Fused, a widening operator is best its consumers'
+    prologue and a narrowing one its producer's epilogue: the kernels exchange the narrower
+    tensor. ``data_types`` holds each data (non-weight) argument's (shapes, dtypes)."""
+    if len(out_shapes) != 1 or out_shapes[0] is None:
+        return 0
+    width, elements = _dtype_bytes(out_dtypes[0]), shape_numel(out_shapes[0]) or 0
+    signs = set()
+    for shapes, dtypes in data_types:
+        if len(shapes) != 1 or shapes[0] is None:
+            continue
+        size = shape_numel(shapes[0]) or 0
+        if size > elements:
+            return 0
+        if size == elements:
+            signs.add((width > _dtype_bytes(dtypes[0])) - (width < _dtype_bytes(dtypes[0])))
+    return signs.pop() if len(signs) == 1 and elements > 0 else 0
 
 
 def _is_tensor_op(call: relax.Call) -> bool:

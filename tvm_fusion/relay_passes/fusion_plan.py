@@ -114,6 +114,7 @@ class PlanOptions:
     seed_policy: str = "o2o_then_rest"
     prefer_epilogues: bool = True  # False: the listing's order (Figure 3's prologue Add)
     conv_chains: str = "off"  # OptiFX conv→conv chains: "cost_model"|"paper_1.05"|"off"
+    attention: bool = True  # Q·Kᵀ → softmax → ·V as one block (relay_passes/attention.py)
 
     def __post_init__(self):
         if self.seed_policy not in SEED_POLICIES:
@@ -135,6 +136,7 @@ class FusionBlock:
     members: list[int]  # ECG node indices, in topological order
     mapping_type: MappingType
     seed: int
+    kind: str = ""  # "attention" for a planned attention block; "" for DNNFusion's blocks
 
     def __len__(self) -> int:
         return len(self.members)
@@ -146,6 +148,7 @@ class FusionPlan:
     blocks: list[FusionBlock]
     rejections: list[Rejection]
     yellow: list[YellowDecision]
+    attention: list = field(default_factory=list)  # AttentionDecision per candidate
 
     @property
     def num_kernels(self) -> int:
@@ -155,13 +158,15 @@ class FusionPlan:
         return [b.members for b in self.blocks]
 
 
-def plan_dnnfusion(ecg: ECG, options: PlanOptions | None = None) -> FusionPlan:
-    """Run the DNNFusion planner on one ECG."""
-    return _Planner(ecg, options or PlanOptions()).run()
+def plan_dnnfusion(ecg: ECG, options: PlanOptions | None = None,
+                   fixed: list[FusionBlock] = ()) -> FusionPlan:
+    """Run the DNNFusion planner on one ECG; ``fixed`` blocks (planned attention) are taken as
+    they are and the planner grows its own blocks around them."""
+    return _Planner(ecg, options or PlanOptions(), fixed).run()
 
 
 class _Planner:
-    def __init__(self, ecg: ECG, options: PlanOptions):
+    def __init__(self, ecg: ECG, options: PlanOptions, fixed: list[FusionBlock] = ()):
         self.ecg = ecg
         self.opt = options
         self.block_of: dict[int, int] = {}
@@ -169,6 +174,12 @@ class _Planner:
         self.spans: list[tuple[int, int]] = []  # (min, max) index of each finished block
         self.rejections: dict[tuple[int, int], tuple[RejectReason, str]] = {}
         self.yellow: list[YellowDecision] = []
+        for block in fixed:
+            self.current = block
+            self.members = set(block.members)
+            for m in block.members:
+                self.block_of[m] = len(self.blocks)
+            self._close()
 
     # -------------------------------------------------------------------------------- driver
 
@@ -230,14 +241,25 @@ class _Planner:
             idx = frontier.popleft()
             node = self.ecg.nodes[idx]
             for succ in node.succs:
-                if (self.opt.prefer_epilogues and node.flops > 0
+                if self._leave_for_consumers(succ):
+                    self.rejections.setdefault((idx, succ), (
+                        RejectReason.PROLOGUE,
+                        f"widens its input ({self.ecg.nodes[succ].out_dtypes[0]}): left to be "
+                        f"the prologue of its consumers, so the kernels exchange the narrower "
+                        f"tensor"))
+                elif (self.opt.prefer_epilogues and node.flops > 0
                         and self.ecg.nodes[succ].mapping_type is MappingType.MANY_TO_MANY
                         and self.current.mapping_type is not MappingType.MANY_TO_MANY):
                     deferred.append((succ, idx))
                 elif self._try_add(succ, producer_first=True, via=idx):
                     frontier.append(succ)
             for pred in node.preds:
-                if self._leave_for_producer(pred, via=idx):
+                if self._reads_for_consumers(idx):
+                    self.rejections.setdefault((pred, idx), (
+                        RejectReason.PROLOGUE,
+                        f"{node.op_name} widens its input: it starts its consumers' kernel, "
+                        f"which reads the narrower tensor"))
+                elif self._leave_for_producer(pred, via=idx):
                     self.rejections.setdefault((pred, idx), (
                         RejectReason.EPILOGUE,
                         "left to be the epilogue of its own Many-to-Many producer"))
@@ -245,16 +267,62 @@ class _Planner:
                     frontier.append(pred)
         self._close()
 
+    def _leave_for_consumers(self, idx: int) -> bool:
+        """Would ``idx``, a widening operator (DequantizeLinear, a cast up), join the current
+        block as an epilogue although every consumer, each a free Many-to-Many anchor, could
+        take it as a prologue? Then the
+        kernel would write the wide tensor (float32) where it could write the narrow one
+        (int8): it is left for the consumers, as QDQ kernels read int8 and write int8. Only
+        when the block has (or will take, through free operators upstream) a Many-to-Many
+        anchor: a lone QuantizeLinear of a graph input keeps its DequantizeLinear and goes on
+        into the consumer itself."""
+        return (idx not in self.block_of and self._reads_for_consumers(idx)
+                and self._anchor_upstream())
+
+    def _reads_for_consumers(self, idx: int) -> bool:
+        """``idx`` widens and every consumer is a fusible Many-to-Many anchor, free or in the
+        current block: its kernel is theirs, and its producer's kernel ends before it (an
+        elementwise reader such as a residual add would cost a kernel of its own)."""
+        nodes = self.ecg.nodes
+        node = nodes[idx]
+        if (not self.opt.prefer_epilogues or not node.widens or node.is_graph_output
+                or not node.succs):
+            return False
+        return all(nodes[s].fusible and nodes[s].mapping_type is MappingType.MANY_TO_MANY
+                   and (s not in self.block_of or s in self.members) for s in node.succs)
+
+    def _anchor_upstream(self, depth: int = 16) -> bool:
+        """The current block is Many-to-Many, or a free Many-to-Many operator feeds it through
+        free operators (it will be taken as the block's producer)."""
+        if self.current.mapping_type is MappingType.MANY_TO_MANY:
+            return True
+        nodes = self.ecg.nodes
+        todo = [p for m in self.current.members for p in nodes[m].preds]
+        seen: set[int] = set()
+        while todo and len(seen) < depth:
+            cur = todo.pop()
+            if cur in seen or cur in self.members or cur in self.block_of or (
+                    not nodes[cur].fusible):
+                continue
+            seen.add(cur)
+            if nodes[cur].mapping_type is MappingType.MANY_TO_MANY:
+                return True
+            todo.extend(nodes[cur].preds)
+        return False
+
     def _leave_for_producer(self, idx: int, via: int, depth: int = 16) -> bool:
         """Would ``idx`` join the current block as the prologue of a compute-intensive
-        operator (which re-reads it per output tile) although a free Many-to-Many operator
+        operator (which re-reads it per output tile), or would a narrowing ``idx`` (a
+        QuantizeLinear) join as any prologue, although a free Many-to-Many operator
         upstream (through free operators) could take it as an epilogue? Then it is left for a
         later seed. Row reductions re-read nothing, so their prologues stay (TinyBERT's
         layer-norm chain); data movement stays too (it costs nothing as a prologue)."""
         nodes = self.ecg.nodes
-        if (not self.opt.prefer_epilogues or not nodes[via].compute_intensive
-                or nodes[idx].flops == 0):  # data movement: an index change in the loads
+        if (not self.opt.prefer_epilogues or nodes[idx].flops == 0  # data movement: free
+                or nodes[idx].widens):  # a dequantize: the consumer reads the narrow tensor
             return False
+        if not (nodes[via].compute_intensive or nodes[idx].narrows):  # (a quantize: the
+            return False  # producer writes the narrow tensor, whatever reads it)
         todo, seen = [idx], set()
         while todo and len(seen) < depth:
             cur = todo.pop()

@@ -17,6 +17,8 @@ import tvm
 from tvm import relax
 from tvm.ir.expr import GenericConst
 
+from ..onnx_names import bind_like, joined_span, node_names
+
 GroupFn = Callable[[str, int, relax.DataflowBlock], list[list[int]]]
 
 _MAX_NAME = 64
@@ -106,18 +108,18 @@ class _GroupRewriter(relax.PyExprMutator):
 
         call = relax.Call(gvar, [self.visit_expr(v) for v in inputs] + consts + (
             [relax.ShapeExpr(sizes)] if sizes else []))
+        span = _joined_span(group)
         if len(outputs) == 1:
-            self._bind(outputs[0], call)
+            self._bind(outputs[0], call, span)
             return
         packed = self.builder_.emit(call, "fused")
         for i, out in enumerate(outputs):
-            self._bind(out, relax.TupleGetItem(packed, i))
+            self._bind(out, relax.TupleGetItem(packed, i), span)
 
-    def _bind(self, old_var: relax.Var, value) -> None:
-        if isinstance(old_var, relax.DataflowVar):
-            new_var = self.builder_.emit(value, old_var.name)
-        else:
-            new_var = self.builder_.emit_output(value, old_var.name)
+    def _bind(self, old_var: relax.Var, value, span) -> None:
+        """Bind ``value`` to a fresh variable named and typed as ``old_var``, spanned by
+        ``span`` (where the group's bindings came from: tvm_fusion.onnx_names)."""
+        new_var = bind_like(self.builder_, old_var, value, span)
         self.set_var_remap(old_var.vid if hasattr(old_var, "vid") else old_var, new_var)
 
 
@@ -139,6 +141,11 @@ def _sizes_not_in_params(group, params) -> list:
             if var not in defined and not any(var.same_as(m) for m in missing):
                 missing.append(var)
     return missing
+
+
+def _joined_span(group) -> tvm.ir.Span | None:
+    """One span naming the sources of every binding of ``group`` (tvm_fusion.onnx_names)."""
+    return joined_span(name for b in group for name in node_names(b.var))
 
 
 @relax.expr_functor.mutator

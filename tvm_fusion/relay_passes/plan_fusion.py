@@ -15,10 +15,13 @@ import tvm
 from tvm import relax
 
 from ..instrument import emit
+from .attention import find_attention
 from .ecg import FuncCache, build_ecg
-from .fusion_plan import FusionPlan, PlanOptions, plan_dnnfusion
+from .fusion_plan import FusionBlock, FusionPlan, PlanOptions, plan_dnnfusion
 from .grouping import group_bindings, is_primitive
+from .mapping_type import MappingType
 from .optifx import blocks_holding, choose_chains, merge_chains_into_plan
+from .widening import duplicate_widening
 
 STRATEGIES = ("dnnfusion", "tvm", "apollo")  # the build's; PlanFusion takes the first two
 _PLANNERS = STRATEGIES[:2]
@@ -61,8 +64,14 @@ def plan_module(
     options = options or PlanOptions()
     start = time.perf_counter()
     result = ModulePlan()
+    verdicts: dict = {}  # attention candidates already matched (one per distinct layer)
     for key, ecg in block_ecgs(mod, broadcast_policy):
-        plan = plan_dnnfusion(ecg, options)
+        decisions = (find_attention(ecg, mod, key, verdicts)
+                     if getattr(options, "attention", False) else [])
+        fixed = [FusionBlock(sorted(d.candidate.members), MappingType.MANY_TO_MANY,
+                             d.candidate.pv, "attention") for d in decisions if d.chosen]
+        plan = plan_dnnfusion(ecg, options, fixed)
+        plan.attention = decisions
         mode = getattr(options, "conv_chains", "off")
         if mode != "off":  # OptiFX: profitable conv→conv chains become one block each
             plan = merge_chains_into_plan(plan, choose_chains(
@@ -146,6 +155,8 @@ class PlanFusion:
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if self.strategy == "tvm":
             return relax.transform.FuseOps()(mod)
+        if self.options.prefer_epilogues:  # every reader of a dequantize gets its own copy
+            mod = duplicate_widening(mod)
         bind = getattr(self.options.oracle, "bind", None)
         if bind is not None:  # a profiling oracle builds candidates from this module's PrimFuncs
             bind(mod)

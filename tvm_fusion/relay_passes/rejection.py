@@ -1,7 +1,7 @@
 """Why two operators ended up in different kernels: a typed reason plus the detail text.
 
-Every planner (DNNFusion's, OptiFX's chain merging, Apollo's partition) records each
-producer → consumer pair it did not fuse as a :class:`Rejection`. Tests assert on the
+Every planner (DNNFusion's, OptiFX's chain merging, attention blocks, Apollo's partition)
+records each producer → consumer pair it did not fuse as a :class:`Rejection`. Tests assert on the
 :class:`RejectReason`; ``tvm-fusion report --why`` and the plan pictures print both.
 """
 
@@ -19,6 +19,7 @@ class RejectReason(str, enum.Enum):
     OPAQUE = "opaque"  # an operator that is never fused (library call, extern code)
     ALREADY_FUSED = "already_fused"  # the operator already belongs to another block
     EPILOGUE = "epilogue"  # left to be the epilogue of its own Many-to-Many producer
+    PROLOGUE = "prologue"  # a widening operator (dequantize) left to its consumers' kernels
     BLOCK_LIMIT = "block_limit"  # the block (or packed kernel) is at its size limit
     CYCLE = "cycle"  # the kernel would depend on itself through an outside operator
     DIMENSIONS = "dimensions"  # Apollo's stitching: loop dimensions or row tiles differ
@@ -26,6 +27,8 @@ class RejectReason(str, enum.Enum):
     PROFITABILITY = "profitability"  # the cost model or a measurement says fusing is slower
     OVERLAP = "overlap"  # OptiFX: the conv chain overlaps a better one
     SCHEDULE_FAILURE = "schedule_failure"  # Apollo's feedback: the fused schedule failed
+    SCORES_ESCAPE = "scores_escape"  # attention: the scores/probabilities are read outside
+    ATTENTION_TEMPLATE = "attention_template"  # attention: the template refuses the fused code
 
 
 def describe(reason: RejectReason | str, detail: str) -> str:

@@ -16,6 +16,7 @@ from tvm import s_tir, sym, tirx
 from .. import symbolic
 from ..tir_utils import buffer_loads, const_int, find_all
 from .fast_math import APPROXIMATED
+from .rounding import is_fence
 
 _ITER_SPATIAL = 0
 _ITER_REDUCE = 2
@@ -56,6 +57,7 @@ class BlockFacts:
     padding: bool = False  # the value is a bounds-checked select of a load (pad)
     nested: int = 0  # fast-math approximable calls nested in the value, at most (exp(tanh(x)): 2)
     symbolic_iters: frozenset = frozenset()  # iter var names whose extent is symbolic (seq, batch)
+    dtype: str = "float32"  # of the value stored: what the block computes in (its lanes)
 
     @property
     def is_reduction(self) -> bool:
@@ -112,7 +114,7 @@ def block_facts(sch: s_tir.Schedule, block_rv) -> BlockFacts | None:
         name=block.name_hint, spatial=spatial, reduce=reduce, extents=extents, write=write,
         write_indices=list(body.indices), reads=reads, cost=expr_cost(value),
         padding=_is_padding(value), nested=nested_calls(value, APPROXIMATED),
-        symbolic_iters=frozenset(dynamic),
+        symbolic_iters=frozenset(dynamic), dtype=str(body.value.ty.dtype),
     )
 
 
@@ -152,7 +154,7 @@ def expr_cost(expr) -> int:
         cost = _BINARY_COST.get(type(node))
         if cost is not None:
             total += cost
-        elif isinstance(node, tvm.ir.Call):
+        elif isinstance(node, tvm.ir.Call) and not is_fence(node):  # a fence costs nothing
             name = node.op.name.rsplit(".", 1)[-1] if isinstance(node.op, tvm.ir.Op) else ""
             total += _CALL_COST.get(name, 2)
         stack.extend(_operands(node))

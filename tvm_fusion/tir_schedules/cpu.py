@@ -127,6 +127,7 @@ def _attach_depth(sch: s_tir.Schedule, sink: BlockFacts, group: list) -> int:
 
 def _schedule_spatial_sink(sch, sink, facts: BlockFacts, group: list, params: CpuParams,
                            done: set[str]) -> str:
+    params = params.for_dtype(facts.dtype)
     by_var = loops_by_var(sch, sink)
     if by_var is None:
         return f"{facts.name}: loops already transformed, left as is"
@@ -230,11 +231,12 @@ def _split_lanes(sch: s_tir.Schedule, group: list, params: CpuParams) -> tuple[l
         facts = block_facts(sch, block_rv)
         loops = sch.get_loops(block_rv)
         extent = loop_extent(sch, loops[-1]) if loops else None
+        lanes = params.for_dtype(facts.dtype).lanes if facts is not None else params.lanes
         if (facts is not None and len(facts.reduce) == 1 and extent is not None
                 and extent == facts.extents[facts.reduce[0].name]
-                and extent % params.lanes == 0 and extent >= 2 * params.lanes):
+                and extent % lanes == 0 and extent >= 2 * lanes):
             try:
-                _, lane = sch.split(loops[-1], factors=[None, params.lanes])
+                _, lane = sch.split(loops[-1], factors=[None, lanes])
                 rf = sch.rfactor(lane, factor_axis=len(facts.write_indices))
                 result.append(rf)
                 partials.add(sch.get(rf).name_hint)
@@ -250,6 +252,7 @@ def _vectorize_partials(sch: s_tir.Schedule, rf_rv, facts: BlockFacts | None,
     by_var = loops_by_var(sch, rf_rv)
     if facts is None or by_var is None or len(facts.reduce) != 1:
         return "serial"
+    params = params.for_dtype(facts.dtype)
     lane = getattr(facts.write_indices[-1], "name", None)  # rfactor's axis: the last index
     if lane not in by_var or facts.reduce[0].name not in by_var:
         return "serial"
@@ -265,6 +268,7 @@ def _vectorize_partials(sch: s_tir.Schedule, rf_rv, facts: BlockFacts | None,
 def _schedule_reduction_sink(sch, block_rv, facts: BlockFacts, params: CpuParams) -> str:
     """A reduction that does not vectorise along its outputs: parallel over its outputs,
     reduction loops serial inside."""
+    params = params.for_dtype(facts.dtype)
     by_var = loops_by_var(sch, block_rv)
     if by_var is None:
         return f"{facts.name}: loops already transformed, left as is"

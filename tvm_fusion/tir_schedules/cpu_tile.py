@@ -87,6 +87,7 @@ def plan_tile(facts: BlockFacts, shapes: dict, params: CpuParams) -> TilePlan | 
     over the innermost axes) it is a row reduction, not a tile."""
     if not facts.is_reduction or not facts.spatial:
         return None
+    params = params.for_dtype(facts.dtype)  # lanes of the accumulator's type
     live = [v for v in facts.spatial if facts.extents[v.name] > 1]
     if not live:
         return None
@@ -246,6 +247,7 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
     Order matters: vectorize/parallel need the update to still be a reduction block, which
     ``decompose_reduction`` (last) ends."""
     facts = block_facts(sch, block_rv)
+    params = params.for_dtype(facts.dtype)
     name = facts.name
     notes = [plan.describe()]
     if plan.u is not None and plan.u in facts.symbolic_iters and not plan.u_window \

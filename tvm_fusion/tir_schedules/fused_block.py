@@ -27,6 +27,7 @@ from tvm import s_tir, tirx
 
 from ..tir_utils import has_extern_call, iter_sblocks, refresh_access_regions
 from .analysis import alloc_buffers
+from .attention import try_schedule_attention
 from .cpu import schedule_cpu
 from .cpu_target import CpuParams, cpu_params
 from .fast_math import fast_math
@@ -45,6 +46,7 @@ from .records import (
     kept_reasons,
     restore_symbol,
 )
+from .rounding import fence_producers
 from .symbolic_indices import simplify_symbolic_indices
 
 
@@ -54,7 +56,8 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
 
     ``fast`` replaces float32 exp/erf/tanh/sigmoid by vectorisable approximations
     (:mod:`.fast_math`)."""
-    base = hoist_independent_stages(refresh_access_regions(protect_negations(func)))
+    base = hoist_independent_stages(refresh_access_regions(
+        fence_producers(protect_negations(func))))
     base = simplify_symbolic_indices(base).with_attr("global_symbol", "main")
     sch = s_tir.Schedule(base)
     kept, inlined = inline_producers(sch) if inline else ({}, [])
@@ -74,8 +77,17 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
 
 def schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
                            fast: bool) -> tirx.PrimFunc:
-    """OptiFX's overlapped tiles for a conv chain, else the per-block rules; when those fail,
-    inlining with plain parallel/vector loops (or nothing), the error recorded and warned."""
+    """The attention template for a fused attention, OptiFX's overlapped tiles for a conv chain,
+    else the per-block rules; when those fail, inlining with plain parallel/vector loops (or
+    nothing), the error recorded and warned."""
+    attention = try_schedule_attention(gvar, func, params, fast)
+    if attention is not None:
+        try:
+            return probe_build(attention)
+        except Exception as err:  # noqa: BLE001 (a lowering failure: the usual rules take it)
+            warnings.warn(f"tvm_fusion: attention kernel of {gvar.name_hint} does not lower "
+                          f"({type(err).__name__}: {first_line(err)}); using the per-operator "
+                          f"rules", ScheduleFailedWarning, stacklevel=2)
     chained = try_schedule_conv_chain(gvar, func, params, fast)
     if chained is not None:
         return chained

@@ -1,22 +1,30 @@
-"""GPU schedules of fused PrimFuncs: OptiFX's overlapped-tile template for a fused conv chain,
-stock DLight rules for everything else, one function at a time."""
+"""GPU schedules of fused PrimFuncs: the generated kernel for a fused attention, OptiFX's
+overlapped-tile template for a fused conv chain, stock DLight rules for everything else, one
+function at a time."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import tvm
 from tvm.s_tir import dlight as dl
 
+from .attention_gpu import try_schedule_attention_gpu
 from .fused_block import probe_build
 from .optifx import try_schedule_conv_chain_gpu
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.ApplyGPUSchedules")
 def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    """GPU schedules of every fused PrimFunc, one function at a time: a fused conv chain
-    (OptiFX) gets the overlapped-tile template, checked by ``verify_gpu_code``; everything
-    else stock DLight rules.
+    """GPU schedules of every fused PrimFunc, one function at a time: a fused attention gets
+    the generated online-softmax kernel (:mod:`.attention_gpu`), a fused conv chain (OptiFX)
+    the overlapped-tile template, checked by ``verify_gpu_code``; everything else stock DLight
+    rules.
 
     DLight's rules were written for FuseOps' groups; on a larger DNNFusion block a rule can fail
     (0.27's GEMV ``normalize`` asserts) or produce TIR that does not lower. Such a function is
@@ -30,9 +38,19 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         [dl.gpu.Fallback()],
     ]
     mod = mod.clone()  # a pass leaves the module it was given as it was
+    if _may_tensorize(mod, tvm.target.Target.current()):
+        import_tensor_intrinsics()
     for gvar, func in list(mod.functions.items()):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
+        attention = try_schedule_attention_gpu(gvar, func, tvm.target.Target.current())
+        if attention is not None:
+            try:
+                mod[gvar] = probe_build(attention)
+                continue
+            except Exception as err:  # noqa: BLE001 (a lowering failure: DLight takes it)
+                warnings.warn(f"GPU attention kernel of {gvar.name_hint} does not lower "
+                              f"({type(err).__name__}); DLight schedules it", stacklevel=1)
         chain = try_schedule_conv_chain_gpu(gvar, func, tvm.target.Target.current())
         if chain is not None:
             try:
@@ -53,3 +71,60 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
                 warnings.warn(f"DLight rule failed on {gvar.name_hint} "
                               f"({type(err).__name__}); retrying with fewer rules", stacklevel=1)
     return mod
+
+
+_TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
+
+
+def _may_tensorize(mod: tvm.IRModule, target: tvm.target.Target | None) -> bool:
+    """Whether DLight's Matmul rule will import TVM's tensor intrinsics for ``mod``: always on
+    Metal (its simdgroup path), on CUDA for fp16/int8 operands (tensor cores)."""
+    if target is None or _TENSOR_INTRIN in sys.modules:
+        return False
+    if target.kind.name == "metal":
+        return True
+    if target.kind.name != "cuda":
+        return False
+    return any(str(getattr(param, "dtype", "")) in ("float16", "int8")
+               for func in mod.functions.values() if isinstance(func, tvm.tirx.PrimFunc)
+               for param in func.params)
+
+
+def import_tensor_intrinsics() -> None:
+    """Import ``tvm.s_tir.tensor_intrin`` (TVMScript intrinsics DLight's Matmul rule loads on
+    first use) in seconds instead of minutes.
+
+    Each of its ~500 ``@T.prim_func`` calls ``inspect.stack()``, which looks up the source file
+    of every frame on the stack; for the import machinery's frozen frames that lookup scans all
+    of ``sys.modules`` (about 2,000 entries once TVM is imported), so the first Metal build
+    spent 3.5 minutes importing (measured on a 2-core VM). TVMScript reads only the innermost
+    three frames' source lines and the frames themselves, so during the import the others are
+    listed without their source lines."""
+    if _TENSOR_INTRIN in sys.modules:
+        return
+    with _shallow_inspect_stack():
+        importlib.import_module(_TENSOR_INTRIN)
+
+
+@contextmanager
+def _shallow_inspect_stack(full_frames: int = 3) -> Iterator[None]:
+    def stack(context: int = 1) -> list:
+        frame, frames = sys._getframe(1), []
+        while frame is not None:
+            if len(frames) < full_frames:
+                info = inspect.getframeinfo(frame, context)
+                extra = {"positions": info.positions} if hasattr(info, "positions") else {}
+                frames.append(inspect.FrameInfo(frame, *info[:5], **extra))  # 3.11+: positions
+            else:
+                code = frame.f_code
+                frames.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno,
+                                                code.co_name, None, None))
+            frame = frame.f_back
+        return frames
+
+    original = inspect.stack
+    inspect.stack = stack
+    try:
+        yield
+    finally:
+        inspect.stack = original

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from tvm import relax
 
+from ...onnx_names import bind_like, joined_span, node_names
 from .ir import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, REDUCTIONS, BlockGraph, Leaf, Node
 
 
@@ -44,10 +45,15 @@ class BlockRewriter(relax.PyExprMutator):
         super().__init__(mod)
         self.rewrite_graph = rewrite_graph
         self._emitted: dict = {}
+        self._aliased_by: dict = {}  # created node -> the original nodes that became it
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.DataflowBlock:
         graph = BlockGraph(block)
         self.rewrite_graph(graph)
+        self._aliased_by = {}
+        for n in graph.nodes:
+            if isinstance(n.alias, Node):
+                self._aliased_by.setdefault(n.alias, []).append(n)
         self._emitted = {}
         self.builder_._begin_dataflow_block()
         for binding in block.bindings:
@@ -92,13 +98,32 @@ class BlockRewriter(relax.PyExprMutator):
             value = relax_call(node, [self._lowered(a) for a in node.args])
         return self._bind(node, value)
 
+    def _created_span(self, node: Node):
+        """A created node computes (part of) the results of the original nodes that became
+        it or the created nodes it feeds (their ``alias``): their ONNX names
+        (tvm_fusion.onnx_names); None when it replaces no named original."""
+        names: list[str] = []
+        seen, stack = {node}, [node]
+        while stack:
+            current = stack.pop()
+            for original in self._aliased_by.get(current, []):
+                names += [n for n in node_names(original.var) if n not in names]
+            for user in current.users:
+                if user not in seen and getattr(user, "var", None) is None:
+                    seen.add(user)
+                    stack.append(user)
+        return joined_span(names)
+
     def _bind(self, node: Node, value) -> relax.Var:
         old = node.var
         if old is None:
-            return self.builder_.emit(value, "rw")
-        if isinstance(old, relax.DataflowVar):
-            new = self.builder_.emit(value, old.name)
-        else:
-            new = self.builder_.emit_output(value, old.name)
+            span = self._created_span(node)
+            if span is None:
+                return self.builder_.emit(value, "rw")
+            value = self.builder_.normalize(value)
+            new = relax.DataflowVar(self.builder_.get_unique_name("rw"), value.ty, span)
+            self.builder_.emit_normalized(relax.VarBinding(new, value))
+            return new
+        new = bind_like(self.builder_, old, value)  # its name, kind and ONNX name (span)
         self.set_var_remap(old, new)
         return new

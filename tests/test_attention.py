@@ -1,0 +1,346 @@
+"""Fused attention: planned from mapping types and TIR, generated as online softmax.
+
+Each model is built the way its exporter writes it (tvm_fusion/models/attention.py) and checked
+against ONNX Runtime and stock TVM; symbolic lengths at two sizes from one compiled module;
+IEEE edge values (fully masked rows, -inf masks, NaN and inf inputs) against the unfused
+operators.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from conftest import TARGET
+
+from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_onnx, run
+from tvm_fusion.feeds import random_inputs
+from tvm_fusion.instrument import Collector
+from tvm_fusion.models.attention import attention_model
+from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.relay_passes.rejection import RejectReason
+from tvm_fusion.report import format_report, make_report
+from tvm_fusion.tir_schedules.attention import (
+    ATTENTION_ATTR,
+    choose_tiles,
+    mask_regions,
+)
+from tvm_fusion.tir_schedules.attention_match import NotAttention, match_attention, substitute
+from tvm_fusion.tir_schedules.cpu_target import CpuParams
+from tvm_fusion.tir_utils import find_all
+
+SMALL = {
+    "bert": {},
+    "gpt2": {},
+    "llama": {},
+    "vit": {},
+    "swin": {},
+}
+
+
+def _plans(model, **options):
+    mod = import_onnx(model)
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        fused = fuse(mod, TARGET, **options)
+    return list(collector.plans[0].plans.values()), fused
+
+
+def _attention_funcs(mod):
+    return [f for f in mod.functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and ATTENTION_ATTR in f.attrs]
+
+
+def _check(model, sizes=(None,), rtol=1e-4, atol=1e-5, **options):
+    """One compiled module: vs ONNX Runtime and stock TVM at each size."""
+    mod = import_onnx(model)
+    ours_ex = compile_model(mod, TARGET, **options)
+    stock_ex = compile_model(mod, TARGET, strategy="tvm")
+    for size in sizes:
+        feeds = random_inputs(model, seed=0, shape_overrides=size)
+        inputs = [feeds[n] for n in graph_input_names(model)]
+        ours = run(ours_ex, inputs)
+        compare(ours, onnx_reference(model, feeds), rtol=rtol, atol=atol)
+        compare(ours, run(stock_ex, inputs), rtol=rtol, atol=atol)
+
+
+# ---------------------------------------------------------------------------------- planning
+
+
+@pytest.mark.parametrize("kind", sorted(SMALL))
+def test_one_attention_block_per_model(kind):
+    """Planned as one block (the plan of the build itself), and the numerics of that build."""
+    model = attention_model(kind, **SMALL[kind])
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        _check(model)
+    (plan,) = list(collector.plans[0].plans.values())
+    blocks = [b for b in plan.blocks if b.kind == "attention"]
+    assert len(blocks) == 1 and len(plan.attention) == 1 and plan.attention[0].chosen
+    cand = plan.attention[0].candidate
+    assert {cand.qk, cand.softmax, cand.pv} <= set(blocks[0].members)
+    assert cand.score_bytes > 0
+
+
+def test_gqa_broadcast_and_causal_mask_join_the_block():
+    plans, _ = _plans(attention_model("llama", seq="seq"))
+    (plan,) = plans
+    (block,) = [b for b in plan.blocks if b.kind == "attention"]
+    ops = {plan.ecg.nodes[i].op_name for i in block.members}
+    # repeat_kv (expand_dims, broadcast_to, reshape) and the triu mask are inside
+    assert {"broadcast_to", "expand_dims", "triu", "broadcast_to1"} <= ops
+    assert len(plan.blocks) == 1
+
+
+def test_option_off_keeps_table3():
+    plans, fused = _plans(attention_model("bert"), attention=False)
+    (plan,) = plans
+    assert not plan.attention and all(b.kind == "" for b in plan.blocks)
+    assert not _attention_funcs(fused)
+    assert len(plan.blocks) >= 3  # QK, softmax, PV apart (M2M -> M2M is red)
+
+
+def test_scores_read_outside_are_refused():
+    model = attention_model("bert")
+    probs = next(n for n in model.graph.node if n.op_type == "Softmax").output[0]
+    model.graph.output.extend([onnx_value(probs)])
+    plans, _ = _plans(model)
+    (plan,) = plans
+    (decision,) = plan.attention
+    assert not decision.chosen and decision.rejected is RejectReason.SCORES_ESCAPE
+    assert all(b.kind == "" for b in plan.blocks)
+
+
+def onnx_value(name):
+    from onnx import TensorProto, helper
+
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+
+
+def test_report_names_the_block_and_its_score_bytes():
+    report = make_report(attention_model("gpt2"), "gpt2", target=TARGET, check=False)
+    text = format_report(report, why=True)
+    assert "[attention]" in text and "scores never written" in text
+    (row,) = report.attention
+    assert row["chosen"] and row["kernel"] is not None
+    # the score matrix (1x4x64x64 floats) is written at least twice unfused
+    assert row["score_bytes"] >= 2 * 4 * 64 * 64 * 4
+    assert report.to_json()["attention"][0]["score_shape"] == [1, 4, 64, 64]
+
+
+# -------------------------------------------------------------------------------- numerics
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", pytest.param("bert", marks=pytest.mark.slow)])
+def test_symbolic_sequence_two_lengths(kind):
+    # 7: less than one register tile of rows; 150: partial query block and key tile
+    _check(attention_model(kind, seq="seq"), sizes=({"seq": 7}, {"seq": 150}))
+
+
+@pytest.mark.slow
+def test_llama_where_mask_minus_inf():
+    _check(attention_model("llama", seq="seq", mask="where"), sizes=({"seq": 70},))
+
+
+def test_fp16_accumulates_in_fp32():
+    model = attention_model("llama", dtype="float16")
+    mod = import_onnx(model)
+    feeds = random_inputs(model, seed=0)
+    inputs = [feeds[n] for n in graph_input_names(model)]
+    ours = run(compile_model(mod, TARGET), inputs)[0].astype(np.float32)
+    ref = onnx_reference(model, feeds)[0].astype(np.float32)
+    assert np.abs(ours - ref).max() < 2e-3
+
+
+def test_decode_one_query_against_a_symbolic_cache():
+    model = attention_model("llama", seq=1, kv_seq="kv", mask="none")
+    _check(model, sizes=({"kv": 5}, {"kv": 300}))
+
+
+# ------------------------------------------------------------------------ IEEE edge values
+
+
+def _nan_equal(a, b):
+    assert np.array_equal(np.isnan(a), np.isnan(b))
+    assert np.array_equal(np.isinf(a), np.isinf(b))
+    both = np.isfinite(a) & np.isfinite(b)
+    np.testing.assert_allclose(a[both], b[both], rtol=1e-4, atol=1e-5)
+
+
+def test_fully_masked_rows_and_special_values_match_the_unfused_operators():
+    model = attention_model("bert", seq=40, mask_rows=True)
+    mod = import_onnx(model)
+    ours_ex, stock_ex = compile_model(mod, TARGET), compile_model(mod, TARGET, strategy="tvm")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 40, 64)).astype("float32") for _ in range(3))
+    mask = np.zeros((1, 1, 40, 40), "float32")
+    mask[0, 0, 3, :] = -np.inf  # a fully masked row: softmax gives NaN
+    mask[0, 0, 4, :] = -1e30  # fully masked by a finite value: uniform weights
+    mask[0, 0, 5, 10:] = -np.inf
+    mask[0, 0, 6, :] = np.finfo(np.float32).min
+    q[0, 7, 3] = np.nan  # a NaN query: its row (one head) is NaN
+    k[0, 20, 17] = np.nan  # a NaN key: every row of its head
+    v[0, 11, 40] = np.inf
+    inputs = [q, k, v, mask]
+    ours, stock = run(ours_ex, inputs)[0], run(stock_ex, inputs)[0]
+    ref = onnx_reference(model, dict(zip("qkv", (q, k, v)), mask=mask))[0]
+    _nan_equal(ours, stock)
+    _nan_equal(ours, ref)
+    assert np.isnan(ours[0, 3]).all() and np.isfinite(ours[0, 4, :16]).all()
+
+
+@pytest.mark.parametrize("mask,case", [
+    ("triu", "nan_key"),
+    pytest.param("triu", "inf_key", marks=pytest.mark.slow),
+    pytest.param("where", "nan_key", marks=pytest.mark.slow),
+    pytest.param("where", "inf_key", marks=pytest.mark.slow),
+])
+def test_skipped_tiles_keep_nan_and_inf(mask, case):
+    """A non-finite key in a masked (skippable) tile poisons the rows the unfused operators
+    poison: ``s + min`` is NaN for ``s = NaN``; ``Where`` drops it."""
+    model = attention_model("llama", seq="seq", mask=mask)
+    mod = import_onnx(model)
+    ours_ex, stock_ex = compile_model(mod, TARGET), compile_model(mod, TARGET, strategy="tvm")
+    rng = np.random.default_rng(1)
+    n = 200
+    q = rng.standard_normal((1, n, 128)).astype("float32")
+    k = rng.standard_normal((1, n, 32)).astype("float32")
+    v = rng.standard_normal((1, n, 32)).astype("float32")
+    k[0, 150, 3] = np.nan if case == "nan_key" else np.inf
+    ours, stock = run(ours_ex, [q, k, v])[0], run(stock_ex, [q, k, v])[0]
+    _nan_equal(ours, stock)
+
+
+# ----------------------------------------------------------------------- template pieces
+
+
+def _fused_attention(model, **options):
+    return _attention_funcs(fuse(import_onnx(model), TARGET, attention=True, **options))
+
+
+def test_no_buffer_grows_with_the_square_of_the_sequence():
+    """One generated kernel; its buffers are per-task tiles of constant size and the packed
+    K and V of one head (linear in the length): none grows with the length's square."""
+    (func,) = _fused_attention(attention_model("llama", seq="seq"))
+    allocs = find_all(func.body, tvm.tirx.AllocBuffer)
+    assert allocs
+    (seq,) = {v for a in allocs for d in a.buffer.ty.shape
+              for v in find_all(d, tvm.ir.Var)} or {None}
+
+    def numel(n):
+        total = 1
+        for d in alloc.buffer.ty.shape:
+            value = d if isinstance(d, tvm.tirx.IntImm) else tvm.sym.Analyzer().simplify(
+                substitute(d, {seq: tvm.tirx.const(n, "int64")}))
+            total *= int(value)
+        return total
+
+    for alloc in allocs:
+        assert numel(4096) <= 2.1 * numel(2048), alloc.buffer.ty.shape
+
+
+def test_causal_masks_are_found_and_additive_masks_are_not():
+    def regions(model):
+        mod = fuse(import_onnx(model), TARGET, attention=True, schedule=False)
+        funcs = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+        patterns = []
+        for f in funcs:
+            try:
+                patterns.append(match_attention(f))
+            except NotAttention:
+                continue
+        (pattern,) = patterns
+        return mask_regions(pattern)
+
+    assert regions(attention_model("llama", seq="seq"))  # triu of min: causal
+    assert regions(attention_model("gpt2", seq="seq"))  # Where(Trilu(ones), s, c)
+    assert not regions(attention_model("bert"))  # a mask input: data
+
+
+def test_tiles_follow_the_target():
+    model = attention_model("llama", seq="seq", head_dim=64)
+    mod = fuse(import_onnx(model), TARGET, schedule=False)
+    (pattern,) = [match_attention(f) for f in mod.functions.values()
+                  if isinstance(f, tvm.tirx.PrimFunc)]
+    avx2 = choose_tiles(pattern, CpuParams(8, 12, 2, 32 << 10, 512 << 10))
+    avx512 = choose_tiles(pattern, CpuParams(16, 24, 2, 48 << 10, 1 << 20))
+    neon = choose_tiles(pattern, CpuParams(4, 24, 4, 64 << 10, 512 << 10))
+    assert (avx2.mr, avx2.nr) == (6, 16) and (avx512.mr, avx512.nr) == (12, 32)
+    assert (neon.mr, neon.nr) == (12, 8)
+    for tiles, params in ((avx2, (32 << 10, 512 << 10)), (avx512, (48 << 10, 1 << 20))):
+        # a packed K tile fits half of L1; the task's working set half of L2
+        assert tiles.bk * 64 * 4 <= params[0] // 2
+        assert tiles.bq % tiles.mr == 0 and tiles.bk % tiles.nr == 0
+    decode = choose_tiles(pattern, CpuParams(8, 12, 2), rows_hint=1)
+    assert decode.mr == 1 and decode.bq == 1
+
+
+# ---------------------------------------------------------------------------------- GPU
+
+OPENCL = tvm.target.Target({"kind": "opencl"}, host="llvm")
+
+
+def _gpu_module(model, target):
+    from tvm_fusion import pipeline
+    from tvm_fusion.transform import Sequential
+
+    with target:
+        return pipeline.build(target, Sequential(target), lower=False)(import_onnx(model))
+
+
+@pytest.mark.parametrize("kind,options", [("llama", {}), ("swin", {}),
+                                          ("gpt2", {}),
+                                          pytest.param("llama", {"dtype": "float16"},
+                                                       marks=pytest.mark.slow)])
+def test_gpu_kernel_on_pocl(kind, options):
+    from tvm_fusion.layout import opencl_runner
+
+    ok, why = opencl_runner.available()
+    if not ok:
+        pytest.skip(why)
+    model = attention_model(kind, **options)
+    mod = _gpu_module(model, OPENCL)
+    funcs = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert [f for f in funcs if f.attrs and ATTENTION_ATTR in f.attrs]  # not DLight's
+    feeds = random_inputs(model, seed=0)
+    inputs = [feeds[n] for n in graph_input_names(model)]
+    ours = opencl_runner.OpenCLRunner().run_module(mod, inputs, OPENCL)
+    ref = onnx_reference(model, feeds)
+    tol = 2e-3 if options.get("dtype") == "float16" else 1e-5
+    np.testing.assert_allclose(ours[0].astype(np.float32), ref[0].astype(np.float32),
+                               rtol=tol, atol=tol)
+
+
+def test_cuda_kernel_compiles_to_ptx():
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    import tvm.support.nvcc as nvcc
+
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host="llvm")
+    ex = compile_model(import_onnx(attention_model("llama", seq="seq")), target)
+
+    def walk(module):
+        yield module
+        for imported in module.imports:
+            yield from walk(imported)
+
+    source = "\n".join(m.inspect_source() for m in walk(ex.mod) if m.kind == "cuda")
+    assert "__shared__" in source
+    with target:
+        ptx = nvcc.compile_cuda(source, target_format="ptx", compiler="nvcc")
+    assert b".target sm_80" in bytes(ptx)
+
+
+def test_rope_is_folded_into_the_attention_prologue():
+    """RoPE on Q and K (Slice, Neg, Concat, Mul, Add per head) joins the block: the layer's
+    attention, rotary embeddings included, is one kernel."""
+    model = attention_model("llama", seq="seq", rope=True)
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        _check(model, sizes=({"seq": 70},))
+    (plan,) = list(collector.plans[0].plans.values())
+    assert len(plan.blocks) == 1 and plan.blocks[0].kind == "attention"
+    ops = {plan.ecg.nodes[i].op_name for i in plan.blocks[0].members}
+    assert any("concat" in op for op in ops)  # rotate_half

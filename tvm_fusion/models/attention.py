@@ -1,0 +1,276 @@
+"""Self-attention blocks in the shapes the exporters produce, built in code: the inputs of the
+attention-fusion tests and of ``scripts/bench_attention.py``.
+
+Each builder returns the attention of one layer, from the projected Q, K and V (or from the
+hidden state, ``project=True``) to the merged heads, written node by node the way the PyTorch
+exporter writes the model it is named after:
+
+* ``bert``: heads split by Reshape/Transpose (K transposed straight to ``[b, h, d, s]``),
+  ``Div`` by √d, an additive mask input ``[b, 1, 1, s]``, Softmax, MatMul, heads merged;
+* ``gpt2``: Q/K/V from one Split, a causal mask built from the scores' own shape
+  (``Trilu`` of ones, ``Cast`` to bool, ``Where(keep, s, -1e4·…)``), as older exports do;
+* ``llama``: grouped-query attention: K and V have ``kv_heads`` heads, repeated to the query
+  heads by ``Unsqueeze → Expand → Reshape`` (transformers' ``repeat_kv``), ``Mul`` by the
+  scaling, a causal additive mask (``Trilu`` of ``min`` sized by ``Shape``), an fp32 Softmax
+  between ``Cast``s when the model is fp16;
+* ``vit``: no mask, ``Mul`` of Q by the scale before the MatMul;
+* ``swin``: window attention with a relative-position bias gathered from its table (see
+  :mod:`.swin` for the whole block).
+
+``seq`` is an int or a name (a symbolic ``dim_param``). Masks and biases that an exporter
+computes from the shape are computed in the graph, so one compiled module serves every length.
+Weights come from a seeded generator; fp16 models keep fp16 inputs and outputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from .graph import GraphBuilder, value_info
+
+__all__ = ["ATTENTION_MODELS", "attention_model", "bert_attention", "gpt2_attention",
+           "llama_attention", "swin_attention", "vit_attention"]
+
+_ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+_NP = {"float32": np.float32, "float16": np.float16}
+
+
+class _Builder(GraphBuilder):
+    """Numbered names, seeded weights, constants in the model's dtype."""
+
+    def __init__(self, name: str, dtype: str, seed: int):
+        super().__init__(name)
+        if dtype not in _ELEM:
+            raise ValueError(f"dtype must be one of {sorted(_ELEM)}, got {dtype!r}")
+        self.dtype = dtype
+        self.elem = _ELEM[dtype]
+        self.rng = np.random.default_rng(seed)
+
+    def const(self, value, dtype=None) -> str:
+        dtype = dtype or _NP[self.dtype]
+        return self.add_initializer(self.fresh("c"), np.asarray(value, dtype=dtype), dtype)
+
+    def ints(self, value) -> str:
+        return self.const(value, np.int64)
+
+    def weight(self, n_in: int, n_out: int) -> str:
+        return self.const(self.rng.standard_normal((n_in, n_out)) / math.sqrt(n_in))
+
+    def node(self, op: str, *inputs: str, **attrs) -> str:
+        return self.add_node(op, inputs, [self.fresh(op.lower())], **attrs)[0]
+
+    def heads(self, t: str, heads: int, dim: int, perm) -> str:
+        """``[b, s, heads·dim]`` → Reshape ``[b, s, heads, dim]`` → Transpose ``perm``."""
+        r = self.node("Reshape", t, self.ints([0, 0, heads, dim]))
+        return self.node("Transpose", r, perm=perm)
+
+    def merge(self, ctx: str, width: int) -> str:
+        """``[b, h, s, d]`` → Transpose → Reshape ``[b, s, h·d]`` (the heads merged)."""
+        t = self.node("Transpose", ctx, perm=[0, 2, 1, 3])
+        return self.node("Reshape", t, self.ints([0, 0, width]))
+
+    def finish(self, out: str, out_shape) -> onnx.ModelProto:
+        """The model, ``out`` (the last node's output) renamed ``y``."""
+        assert self.nodes[-1].output[0] == out
+        self.nodes[-1].output[0] = "y"
+        self.outputs.append(value_info("y", out_shape, self.elem))
+        return self.model()
+
+
+def _qkv_inputs(b: _Builder, batch, seq, widths, project: bool, hidden: int) -> list[str]:
+    """The projected ``q, k, v`` (graph inputs), or projections of one input ``x``."""
+    if project:
+        x = b.add_input("x", [batch, seq, hidden], b.elem)
+        return [b.node("MatMul", x, b.weight(hidden, w)) for w in widths]
+    return [b.add_input(n, [batch, seq, w], b.elem) for n, w in zip("qkv", widths)]
+
+
+def bert_attention(batch=1, seq=64, heads=4, head_dim=16, dtype="float32", project=False,
+                   mask_rows=False, seed=0) -> onnx.ModelProto:
+    """BERT: additive mask input ``mask [b, 1, 1, s]`` (0 attend, large negative masked); with
+    ``mask_rows`` one mask per query row, ``[b, 1, s, s]`` (a row of ``-inf`` masks a row)."""
+    b = _Builder("bert_attention", dtype, seed)
+    width = heads * head_dim
+    q, k, v = _qkv_inputs(b, batch, seq, [width] * 3, project, width)
+    q = b.heads(q, heads, head_dim, [0, 2, 1, 3])
+    k = b.heads(k, heads, head_dim, [0, 2, 3, 1])
+    v = b.heads(v, heads, head_dim, [0, 2, 1, 3])
+    s = b.node("Div", b.node("MatMul", q, k), b.const(math.sqrt(head_dim)))
+    rows = seq if mask_rows else 1
+    s = b.node("Add", s, b.add_input("mask", [batch, 1, rows, seq], b.elem, doc="additive_mask"))
+    p = b.node("Softmax", s, axis=-1)
+    out = b.merge(b.node("MatMul", p, v), width)
+    return b.finish(out, [batch, seq, width])
+
+
+def gpt2_attention(batch=1, seq=64, heads=4, head_dim=16, dtype="float32", project=False,
+                   seed=0) -> onnx.ModelProto:
+    """GPT-2: one ``c_attn`` output split three ways; causal ``Where`` built from Trilu."""
+    b = _Builder("gpt2_attention", dtype, seed)
+    width = heads * head_dim
+    if project:
+        x = b.add_input("x", [batch, seq, width], b.elem)
+        qkv = b.node("MatMul", x, b.weight(width, 3 * width))
+    else:
+        qkv = b.add_input("qkv", [batch, seq, 3 * width], b.elem)
+    q, k, v = b.add_node("Split", [qkv, b.ints([width] * 3)],
+                         [b.fresh("q"), b.fresh("k"), b.fresh("v")], axis=2)
+    q = b.heads(q, heads, head_dim, [0, 2, 1, 3])
+    k = b.heads(k, heads, head_dim, [0, 2, 3, 1])
+    v = b.heads(v, heads, head_dim, [0, 2, 1, 3])
+    s = b.node("Div", b.node("MatMul", q, k), b.const(math.sqrt(head_dim)))
+    ones = b.node("Add", b.node("Mul", s, b.const(0.0)), b.const(1.0))
+    keep = b.node("Cast", b.node("Trilu", ones, upper=0), to=TensorProto.BOOL)
+    s = b.node("Where", keep, s, b.const(-1e4))
+    p = b.node("Softmax", s, axis=-1)
+    out = b.merge(b.node("MatMul", p, v), width)
+    return b.finish(out, [batch, seq, width])
+
+
+def llama_attention(batch=1, seq=64, heads=8, kv_heads=2, head_dim=16, dtype="float32",
+                    project=False, mask="triu", kv_seq=None, rope=False,
+                    seed=0) -> onnx.ModelProto:
+    """Llama: GQA (K, V with ``kv_heads`` heads, ``repeat_kv`` by Unsqueeze/Expand/Reshape),
+    ``Mul`` by ``head_dim**-0.5``, a causal mask and an fp32 softmax.
+
+    ``mask``: ``"triu"``, an additive ``[s, s]`` mask ``Trilu(Expand(min, [s, s]), 1)`` sized
+    by ``Shape`` of the scores (transformers' ``full(min).triu(1)``); ``"where"``,
+    ``Where(keep, s, -inf)`` with ``keep`` from ``Trilu`` of ones; ``"none"``. (A mask from
+    ``Range`` comparisons, as transformers 5 builds it, has no static shape after TVM 0.27's
+    ONNX import: its ``Range`` takes a size read at run time.)
+
+    ``kv_seq`` (an int or a name) makes K and V a cache of that length, the decode shape
+    (``seq=1``: one new token against the cache); it needs ``mask="none"``.
+
+    ``rope``: rotary position embeddings on Q and K as transformers applies them
+    (``q·cos + rotate_half(q)·sin``, ``rotate_half`` by Slice, Neg, Concat), with ``cos`` and
+    ``sin`` ``[batch, seq, head_dim]`` graph inputs (the decoder layer receives them).
+    """
+    if heads % kv_heads:
+        raise ValueError(f"heads={heads} is not a multiple of kv_heads={kv_heads}")
+    b = _Builder("llama_attention", dtype, seed)
+    width, kv_width = heads * head_dim, kv_heads * head_dim
+    rep = heads // kv_heads
+    if kv_seq is not None:
+        if mask != "none" or project:
+            raise ValueError("a key/value cache (kv_seq) takes mask='none' and project=False")
+        q = b.add_input("q", [batch, seq, width], b.elem)
+        k = b.add_input("k", [batch, kv_seq, kv_width], b.elem)
+        v = b.add_input("v", [batch, kv_seq, kv_width], b.elem)
+    else:
+        q, k, v = _qkv_inputs(b, batch, seq, [width, kv_width, kv_width], project, width)
+    q = b.heads(q, heads, head_dim, [0, 2, 1, 3])
+    k = b.heads(k, kv_heads, head_dim, [0, 2, 1, 3])
+    v = b.heads(v, kv_heads, head_dim, [0, 2, 1, 3])
+
+    def repeat_kv(t: str) -> str:
+        if rep == 1:
+            return t
+        # [b, kv, 1, s, d] expanded to [b, kv, rep, s, d] (sizes read by Shape), then
+        # reshaped to [b, heads, s, d]
+        shape = b.node("Shape", t)
+        dims = [b.node("Slice", shape, b.ints([i]), b.ints([i + 1])) for i in range(4)]
+        target = b.node("Concat", dims[0], dims[1], b.ints([rep]), dims[2], dims[3], axis=0)
+        e = b.node("Expand", b.node("Unsqueeze", t, b.ints([2])), target)
+        return b.node("Reshape", e, b.ints([0, heads, -1, head_dim]))
+
+    if rope:
+        cos = b.node("Unsqueeze", b.add_input("cos", [batch, seq, head_dim], b.elem),
+                     b.ints([1]))
+        sin = b.node("Unsqueeze", b.add_input("sin", [batch, seq, head_dim], b.elem),
+                     b.ints([1]))
+        half = head_dim // 2
+
+        def rotary(t: str) -> str:
+            lo = b.node("Slice", t, b.ints([0]), b.ints([half]), b.ints([3]))
+            hi = b.node("Slice", t, b.ints([half]), b.ints([head_dim]), b.ints([3]))
+            rot = b.node("Concat", b.node("Neg", hi), lo, axis=3)
+            return b.node("Add", b.node("Mul", t, cos), b.node("Mul", rot, sin))
+
+        q, k = rotary(q), rotary(k)
+    k, v = repeat_kv(k), repeat_kv(v)
+    s = b.node("MatMul", q, b.node("Transpose", k, perm=[0, 1, 3, 2]))
+    s = b.node("Mul", s, b.const(head_dim ** -0.5))
+    if dtype == "float16":
+        s = b.node("Cast", s, to=TensorProto.FLOAT)
+    neg = np.finfo(np.float32).min
+    if mask == "triu":
+        # transformers' older causal mask: full((q, kv), min).triu(1), added to the scores
+        shape = b.node("Shape", s)
+        qk = b.node("Slice", shape, b.ints([2]), b.ints([4]))
+        full = b.node("Expand", b.const(neg, np.float32), qk)
+        s = b.node("Add", s, b.node("Trilu", full, b.ints(1), upper=1))
+    elif mask == "where":
+        ones = b.node("Add", b.node("Mul", s, b.const(0.0, np.float32)),
+                      b.const(1.0, np.float32))
+        keep = b.node("Cast", b.node("Trilu", ones, upper=0), to=TensorProto.BOOL)
+        s = b.node("Where", keep, s, b.const(-np.inf, np.float32))
+    elif mask != "none":
+        raise ValueError(f"mask must be 'triu', 'where' or 'none', got {mask!r}")
+    p = b.node("Softmax", s, axis=-1)
+    if dtype == "float16":
+        p = b.node("Cast", p, to=TensorProto.FLOAT16)
+    out = b.merge(b.node("MatMul", p, v), width)
+    return b.finish(out, [batch, seq, width])
+
+
+def vit_attention(batch=1, seq=50, heads=4, head_dim=16, dtype="float32", project=False,
+                  seed=0) -> onnx.ModelProto:
+    """ViT (timm): no mask, Q scaled by ``Mul`` before ``Q·Kᵀ``."""
+    b = _Builder("vit_attention", dtype, seed)
+    width = heads * head_dim
+    q, k, v = _qkv_inputs(b, batch, seq, [width] * 3, project, width)
+    q = b.node("Mul", b.heads(q, heads, head_dim, [0, 2, 1, 3]), b.const(head_dim ** -0.5))
+    k = b.node("Transpose", b.heads(k, heads, head_dim, [0, 2, 1, 3]), perm=[0, 1, 3, 2])
+    v = b.heads(v, heads, head_dim, [0, 2, 1, 3])
+    p = b.node("Softmax", b.node("MatMul", q, k), axis=-1)
+    out = b.merge(b.node("MatMul", p, v), width)
+    return b.finish(out, [batch, seq, width])
+
+
+def swin_attention(windows=4, window=7, heads=3, head_dim=16, dtype="float32", shifted=True,
+                   seed=0) -> onnx.ModelProto:
+    """Swin window attention on ``qkv [windows, tokens, 3·C]``: heads split by one Reshape →
+    Transpose → Gather, ``q·scale @ kᵀ``, the relative-position bias gathered from its table,
+    and with ``shifted`` the shifted-window mask added through ``Reshape [1, nW, h, N, N]``."""
+    from .swin import relative_position_index
+
+    b = _Builder("swin_attention", dtype, seed)
+    tokens, width = window * window, heads * head_dim
+    qkv = b.add_input("qkv", [windows, tokens, 3 * width], b.elem)
+    qkv = b.node("Reshape", qkv, b.ints([windows, tokens, 3, heads, head_dim]))
+    qkv = b.node("Transpose", qkv, perm=[2, 0, 3, 1, 4])
+    q, k, v = (b.node("Gather", qkv, b.ints(i), axis=0) for i in range(3))
+    q = b.node("Mul", q, b.const(head_dim ** -0.5))
+    s = b.node("MatMul", q, b.node("Transpose", k, perm=[0, 1, 3, 2]))
+    table = b.const(0.1 * b.rng.standard_normal(((2 * window - 1) ** 2, heads)))
+    bias = b.node("Gather", table, b.ints(relative_position_index(window)), axis=0)
+    bias = b.node("Transpose", b.node("Reshape", bias, b.ints([tokens, tokens, heads])),
+                  perm=[2, 0, 1])
+    s = b.node("Add", s, b.node("Unsqueeze", bias, b.ints([0])))
+    if shifted:
+        m = np.where(b.rng.random((windows, tokens, tokens)) < 0.3, -100.0, 0.0)
+        s = b.node("Reshape", s, b.ints([1, windows, heads, tokens, tokens]))
+        s = b.node("Add", s, b.node("Unsqueeze", b.const(m), b.ints([0, 2])))
+        s = b.node("Reshape", s, b.ints([-1, heads, tokens, tokens]))
+    p = b.node("Softmax", s, axis=-1)
+    out = b.merge(b.node("MatMul", p, v), width)
+    return b.finish(out, [windows, tokens, width])
+
+
+ATTENTION_MODELS = {"bert": bert_attention, "gpt2": gpt2_attention, "llama": llama_attention,
+                    "vit": vit_attention, "swin": swin_attention}
+
+
+def attention_model(kind: str, **kwargs) -> onnx.ModelProto:
+    """The attention block ``kind`` (:data:`ATTENTION_MODELS`) with the builder's keywords."""
+    try:
+        builder = ATTENTION_MODELS[kind]
+    except KeyError:
+        raise ValueError(f"unknown attention model {kind!r}; expected one of "
+                         f"{', '.join(ATTENTION_MODELS)}") from None
+    return builder(**kwargs)

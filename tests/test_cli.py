@@ -223,7 +223,7 @@ def test_reference_that_cannot_run_is_one_line(tmp_path, monkeypatch):
     def refuse(model, feeds):
         raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : no kernel\nmore C++ detail")
 
-    monkeypatch.setattr(report, "onnx_reference", refuse)
+    monkeypatch.setattr(report, "reference_outputs", refuse)
     model = onnx.load(_tiny_model(tmp_path / "relu.onnx"))
     with pytest.raises(ModelError, match=r"cannot run the model \(\[ONNXRuntimeError\].*"
                                          r"no kernel\); --no-check skips the check$"):

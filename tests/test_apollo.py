@@ -250,7 +250,9 @@ def test_encoder_kernels_and_numerics():
     stock = count_kernels(fuse(mod, TARGET, strategy="tvm"))
     dnn = count_kernels(fuse(mod, TARGET, strategy="dnnfusion", **RAW))
     raw = _kernels(model)
-    assert (stock, dnn, raw) == (19, 13, 9)  # Q/K/V packed by Layer III
+    # DNNFusion: the attention block takes Q.K^T, mask, softmax and .V; Apollo (raw): Q/K/V
+    # packed by Layer III
+    assert (stock, dnn, raw) == (19, 11, 9)
     default = check_model(model, strategy="apollo", apollo_blocklist="memory")
     assert count_kernels(default) == 9
 

@@ -262,9 +262,9 @@ def test_tiles_follow_the_target():
     mod = fuse(import_onnx(model), TARGET, schedule=False)
     (pattern,) = [match_attention(f) for f in mod.functions.values()
                   if isinstance(f, tvm.tirx.PrimFunc)]
-    avx2 = choose_tiles(pattern, CpuParams(8, 12, 2, 32 << 10, 512 << 10))
-    avx512 = choose_tiles(pattern, CpuParams(16, 24, 2, 48 << 10, 1 << 20))
-    neon = choose_tiles(pattern, CpuParams(4, 24, 4, 64 << 10, 512 << 10))
+    avx2 = choose_tiles(pattern, CpuParams(8, 12, 2, l1d_bytes=32 << 10, l2_bytes=512 << 10))
+    avx512 = choose_tiles(pattern, CpuParams(16, 24, 2, l1d_bytes=48 << 10, l2_bytes=1 << 20))
+    neon = choose_tiles(pattern, CpuParams(4, 24, 4, l1d_bytes=64 << 10, l2_bytes=512 << 10))
     assert (avx2.mr, avx2.nr) == (6, 16) and (avx512.mr, avx512.nr) == (12, 32)
     assert (neon.mr, neon.nr) == (12, 8)
     for tiles, params in ((avx2, (32 << 10, 512 << 10)), (avx512, (48 << 10, 1 << 20))):

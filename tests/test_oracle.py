@@ -21,7 +21,7 @@ from tvm import relax
 
 from tvm_fusion.compile import count_kernels, import_onnx, run
 from tvm_fusion.models import transformer_encoder_layer
-from tvm_fusion.relay_passes.fusion_plan import AnalyticOracle
+from tvm_fusion.relay_passes.fusion_plan import AnalyticOracle, PlanOptions
 from tvm_fusion.relay_passes.mapping_type import AnnotateMappingType
 from tvm_fusion.relay_passes.plan_fusion import apply_plan
 from tvm_fusion.relay_passes.rejection import RejectReason
@@ -160,6 +160,11 @@ def test_candidate_module_keeps_constants_and_variants_agree(tmp_path, strategy)
 
 # ------------------------------------------------------- measure, then plan from the database
 
+# The encoder layer's doubtful pairs are those of its attention chain (Q.K^T, softmax, .V):
+# with the attention block on, it is planned as one block and nothing is left to measure.
+NO_ATTENTION = PlanOptions(attention=False)
+
+
 @pytest.fixture(scope="module")
 def encoder_db(tmp_path_factory):
     """The encoder layer planned once with measurement into a fresh database."""
@@ -168,7 +173,7 @@ def encoder_db(tmp_path_factory):
     db = ProfilingDatabase(path)
     oracle = ProfilingOracle(db, "measure", target=TARGET, runner=LocalRunner(TARGET, FAST))
     start = time.perf_counter()
-    module_plan = plan_module_profiled(mod, oracle)
+    module_plan = plan_module_profiled(mod, oracle, NO_ATTENTION)
     return {"mod": mod, "db": db, "plan": module_plan, "oracle": oracle,
             "seconds": time.perf_counter() - start}
 
@@ -178,7 +183,7 @@ def test_planning_from_the_database_is_identical_and_faster(encoder_db):
     assert measured.counts["measure"] >= 3 and measured.measurer.measured >= 6
     db_oracle = ProfilingOracle(encoder_db["db"], "db", target=TARGET)
     start = time.perf_counter()
-    replanned = plan_module_profiled(encoder_db["mod"], db_oracle)
+    replanned = plan_module_profiled(encoder_db["mod"], db_oracle, NO_ATTENTION)
     seconds = time.perf_counter() - start
     assert _groups(replanned) == _groups(encoder_db["plan"])
     assert set(db_oracle.counts) == {"db"}
@@ -194,7 +199,7 @@ def test_cache_hits_never_measure_again(encoder_db, monkeypatch):
 
     monkeypatch.setattr(Measurer, "measure", refuse)
     oracle = ProfilingOracle(encoder_db["db"], "measure", target=TARGET)
-    replanned = plan_module_profiled(encoder_db["mod"], oracle)
+    replanned = plan_module_profiled(encoder_db["mod"], oracle, NO_ATTENTION)
     assert set(oracle.counts) == {"db"} and oracle.measurer.measured == 0
     assert _groups(replanned) == _groups(encoder_db["plan"])
 
@@ -283,6 +288,7 @@ _MEASURING_CHILD = """
     from tvm_fusion.compile import import_onnx
     from tvm_fusion.transform import legalize_passes
     from tvm_fusion.tuning.measure import LocalRunner, TimingConfig
+    from tvm_fusion.relay_passes.fusion_plan import PlanOptions
     from tvm_fusion.tuning.oracle import ProfilingOracle, make_oracle, plan_module_profiled
     target = tvm.target.Target("llvm")
     with target:
@@ -290,7 +296,7 @@ _MEASURING_CHILD = """
             import_onnx(transformer_encoder_layer(seq=int(sys.argv[2]))))
     runner = LocalRunner(target, TimingConfig(number=1, repeat=3, min_repeat_ms=2))
     oracle = ProfilingOracle(sys.argv[1], "measure", target=target, runner=runner)
-    plan = plan_module_profiled(mod, oracle)
+    plan = plan_module_profiled(mod, oracle, PlanOptions(attention=False))
     print(json.dumps({"log": oracle.measurer.log, "counts": dict(oracle.counts)}))
 """
 
@@ -318,5 +324,5 @@ def test_two_processes_measuring_into_one_database(tmp_path):
             assert entry.count == 3 * len(entry.runs)
         # keys are stable across processes: this one finds every candidate the children timed
         oracle = ProfilingOracle(db, "db", target=TARGET)
-        plan_module_profiled(_legalized(transformer_encoder_layer(seq=64)), oracle)
+        plan_module_profiled(_legalized(transformer_encoder_layer(seq=64)), oracle, NO_ATTENTION)
         assert set(oracle.counts) == {"db"}

@@ -374,15 +374,17 @@ TEXTURE_MODELS = {
 }
 
 
-def _texture_model_error(model) -> tuple[float, float, int]:
+def _texture_model_error(model) -> tuple[float, float, float]:
     """The texture build (the registered pipeline's Adreno backend, every tvm_fusion pass) run
-    on PoCL: (max abs error vs ONNX Runtime, max |reference|, tensors in textures)."""
+    on PoCL: (max abs error vs ONNX Runtime, max |reference|, share of the kernels' results
+    kept in textures)."""
     feeds = random_inputs(model, seed=0)
     reference = onnx_reference(model, feeds)
     collector = Collector()
     with tvm.transform.PassContext(instruments=[collector]):
         built = opencl_module(import_onnx(model), TEXTURE)
-    textured = sum(d.layout is not None for d in collector.texture_decisions)
+    decisions = collector.texture_decisions
+    textured = sum(d.layout is not None for d in decisions) / max(len(decisions), 1)
     outputs = opencl_runner.OpenCLRunner().run_module(
         built, [feeds[name] for name in graph_input_names(model)], _target(TEXTURE))
     error = max_abs_error(outputs, reference)
@@ -396,7 +398,7 @@ def test_texture_models_match_onnx_runtime_on_pocl(name):
     ``qcom/adreno-opencl-texture`` keep their intermediates in image2d textures and match ONNX
     Runtime on PoCL to fp32 rounding."""
     error, scale, textured = _texture_model_error(TEXTURE_MODELS[name]())
-    assert textured >= 3, "the build kept (almost) everything in buffers"
+    assert textured >= 0.5, "the build kept (almost) everything in buffers"
     assert error <= 1e-5 * max(scale, 1.0), f"{name}: max abs error {error:.3g}"
 
 
@@ -410,5 +412,5 @@ def test_zoo_mobilenet_v2_textures_match_onnx_runtime_on_pocl():
         pytest.skip(f"{path} missing: run `python -m tvm_fusion.export_models --only "
                     "mobilenet_v2` (needs pip install -e '.[models]', i.e. torch)")
     error, scale, textured = _texture_model_error(onnx.load(path))
-    assert textured >= 20
+    assert textured >= 0.5
     assert error <= 1e-5 * max(scale, 1.0), f"max abs error {error:.3g}"

@@ -1,21 +1,31 @@
 """The plan's picture (issue 25): one offline HTML file, one cluster per kernel of the report,
-every rejection reason on its edge, stock FuseOps' kernels as the second view."""
+every rejection reason on its edge, stock FuseOps' kernels as the second view, laid out by
+Graphviz's dot, kernels collapsible to one node. Without ``dot`` those tests skip (``.ci/run``
+installs Debian's ``graphviz``); the one-line error without it is tested everywhere."""
 
 import html
 import re
+import shutil
+import xml.etree.ElementTree as ET
 
 import onnx
 import pytest
 
+from tvm_fusion import graph_layout
 from tvm_fusion.cli import main
 from tvm_fusion.models import get_builtin
 from tvm_fusion.relay_passes.rejection import describe
 from tvm_fusion.report import make_report
 from tvm_fusion.visualize import picture
 
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
+                               reason="no Graphviz dot on PATH (apt-get install graphviz)")
+
 
 @pytest.fixture(scope="module", params=["encoder", "figure3"])
 def drawn(request):
+    if shutil.which("dot") is None:
+        pytest.skip("no Graphviz dot on PATH (apt-get install graphviz)")
     artifacts: dict = {}
     report = make_report(get_builtin(request.param), request.param, "llvm", check=False,
                          artifacts=artifacts)
@@ -27,6 +37,25 @@ def drawn(request):
 def _view(page: str, name: str) -> str:
     start = page.index(f'data-view="{name}"')
     return page[start:page.index("</svg>", start)]
+
+
+def _svg(page: str, name: str) -> ET.Element:
+    """One view's ``<svg>`` as XML (the page writes it well-formed)."""
+    at = page.index(f'data-view="{name}"')
+    return ET.fromstring(page[page.rindex("<svg", 0, at):page.index("</svg>", at) + 6])
+
+
+def _box(rect: ET.Element) -> tuple[float, float, float, float]:
+    return tuple(float(rect.get(k)) for k in ("x", "y", "width", "height"))
+
+
+def _inside(inner, outer) -> bool:
+    (x, y, w, h), (X, Y, W, H) = inner, outer
+    return X <= x and Y <= y and x + w <= X + W + 0.1 and y + h <= Y + H + 0.1
+
+
+def _apart(a, b) -> bool:
+    return a[0] + a[2] <= b[0] or b[0] + b[2] <= a[0] or a[1] + a[3] <= b[1] or b[1] + b[3] <= a[1]
 
 
 def test_page_is_one_offline_file(drawn):
@@ -68,6 +97,7 @@ def test_stock_view_has_its_kernel_count(drawn):
     assert 'id="toggle"' in page
 
 
+@needs_dot
 def test_report_html_flag_writes_the_page(tmp_path, capsys):
     model = tmp_path / "figure3.onnx"
     onnx.save(get_builtin("figure3"), model)
@@ -82,6 +112,7 @@ def test_report_html_flag_writes_the_page(tmp_path, capsys):
     assert main(["report", str(model), str(model), "--html", str(out)]) == 2
 
 
+@needs_dot
 def test_visualize_renders_inline_and_saves_the_same_document(tmp_path):
     import tvm_fusion
 
@@ -129,6 +160,7 @@ def test_onnx_names_ride_on_spans_and_change_nothing_else():
     assert len(convs) >= 2  # the conv and its bias
 
 
+@needs_dot
 def test_smartmem_removed_layout_operators_are_listed():
     """Swin's window attention: SmartMem folds its reshapes, transposes and Gathers into the
     loads of the operators that read them; the page lists each with its ONNX node and the
@@ -148,6 +180,7 @@ def test_smartmem_removed_layout_operators_are_listed():
     assert "Transpose" in table and "eliminate 1st" in table
 
 
+@needs_dot
 def test_profiled_pairs_show_their_times():
     """A yellow cell decided by timings (the profiling database) shows fused vs apart on its
     edge and in its table; the analytic default shows nothing there."""
@@ -173,3 +206,92 @@ def test_profiled_pairs_show_their_times():
     assert _view(page, "tvm_fusion").count('class="profiled"') == 1
     assert "1 pairs a profile decided" in page
     assert "fused 10.0 us vs split 14.0 us" in page
+
+
+def test_views_are_laid_out_by_dot(drawn):
+    """Both views come from Graphviz's dot: clusters never overlap, every operator sits inside
+    its kernel's cluster, edges are dot's splines (cubic segments) ending in an arrow."""
+    _, page = drawn
+    for name in ("tvm_fusion", "stock"):
+        svg = _svg(page, name)
+        assert svg.get("data-layout") == "dot"
+        clusters = {g.get("data-kernel"): _box(g.find("rect"))
+                    for g in svg.iter("g") if g.get("class") == "cluster"}
+        boxes = list(clusters.values())
+        assert all(_apart(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+        ops = [g for g in svg.iter("g") if g.get("class") == "op"]
+        assert ops and all(_inside(_box(g.find("rect")), clusters[g.get("data-kernel")])
+                           for g in ops)
+        paths = [p for p in svg.iter("path") if p.get("class") in ("cut", "in", "link")]
+        assert paths and all(re.fullmatch(r"M[-\d.,]+(L[-\d.,]+)?(C[-\d., ]+)+(L[-\d.,]+)?",
+                                          p.get("d")) for p in paths)
+        assert all(p.get("marker-end") == "url(#arrow)" for p in paths)
+
+
+def test_kernels_collapse_to_one_node(drawn):
+    """Each kernel of several operators has its fold: one node (hidden until its cluster is
+    clicked) over exactly the cluster's box, saying how many operators it holds and naming
+    them; a one-operator kernel has none. The page carries the controls."""
+    report, page = drawn
+    svg = _svg(page, "tvm_fusion")
+    clusters = {g.get("data-kernel"): g for g in svg.iter("g") if g.get("class") == "cluster"}
+    folds = {g.get("data-kernel"): g for g in svg.iter("g") if g.get("class") == "fold"}
+    several = {k for k, g in clusters.items() if int(g.get("data-ops")) > 1}
+    assert several and set(folds) == several
+    sizes = {str(i): len(b.operators) for i, b in enumerate(report.blocks)}
+    for k, fold in folds.items():
+        assert _box(fold.find("rect")) == _box(clusters[k].find("rect"))
+        lines = [t.text for t in fold.iter("text")]
+        assert lines[1].startswith(f"{sizes[k]} operators, one kernel")
+        ops = [g for g in svg.iter("g") if g.get("class") == "op" and g.get("data-kernel") == k]
+        assert len(ops) == sizes[k]
+    assert list(svg)[-1].get("class") == "fold"  # folds are drawn last: over edges and ops
+    for control in ('id="collapse"', 'id="expand"', 'id="search"', 'id="hits"'):
+        assert control in page
+
+
+def test_search_covers_names_variables_and_onnx_nodes(drawn):
+    _, page = drawn
+    svg = _svg(page, "tvm_fusion")
+    for g in (g for g in svg.iter("g") if g.get("class") == "op"):
+        name = g.get("data-name")
+        label = g.find("text").text.rstrip("…")
+        assert name == name.lower() and label.lower() in name
+        onnx_text = g.find("text[@class='onnx']")
+        if onnx_text is not None:
+            assert onnx_text.text.rstrip("…").lower() in name
+
+
+def test_graph_layout_places_clusters_apart():
+    """graph_layout alone: a cluster of two nodes and one of one node (given to dot as a node
+    with room for its header), an edge inside and one between."""
+    sizes = {0: (100.0, 30.0), 1: (100.0, 30.0), 2: (100.0, 30.0)}
+    clusters = {0: ([0, 1], "#0 M2M"), 1: ([2], "#1 O2O")}
+    assert "subgraph cluster_0" in graph_layout.to_dot(sizes, clusters, {})
+    if shutil.which("dot") is None:
+        pytest.skip("no Graphviz dot on PATH (apt-get install graphviz)")
+    laid = graph_layout.layout(sizes, clusters, {7: (0, 1), 8: (1, 2)})
+    assert set(laid.clusters) == {0, 1} and set(laid.edges) == {7, 8}
+    assert _apart(laid.clusters[0], laid.clusters[1])
+    for n, k in ((0, 0), (1, 0), (2, 1)):
+        assert _inside((*laid.nodes[n], *sizes[n]), laid.clusters[k])
+    assert laid.nodes[0][1] < laid.nodes[1][1] < laid.nodes[2][1]  # top to bottom
+    assert laid.clusters[1][3] >= 30 + graph_layout.HEAD  # the one-node cluster has its header
+
+
+def test_without_dot_one_line_naming_the_package(tmp_path, monkeypatch, capsys):
+    """No Graphviz: visualize raises, report --html exits 2 with one line naming the package,
+    before any planning (nothing printed, nothing written)."""
+    import tvm_fusion
+
+    model = tmp_path / "figure3.onnx"
+    onnx.save(get_builtin("figure3"), model)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no dot there
+    with pytest.raises(graph_layout.GraphvizMissing, match="apt-get install graphviz"):
+        tvm_fusion.visualize(str(model))
+    out = tmp_path / "plan.html"
+    assert main(["report", str(model), "--no-check", "--html", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and not out.exists()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "Graphviz" in err[0] and "apt-get install graphviz" in err[0]

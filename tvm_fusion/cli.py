@@ -24,6 +24,7 @@ from .bench import to_markdown as bench_markdown
 from .compile import compile_model, import_model, load_model, model_signature
 from .devices import require_codegen, require_device
 from .feeds import shape_names, shapes_for
+from .graph_layout import find_dot
 from .models import BUILTIN_MODELS, get_builtin
 from .options import Options, parse_cli_options
 from .target import NATIVE, host_target, to_target
@@ -302,6 +303,8 @@ def _cmd_report(args) -> int:
     if args.html and len(args.models) != 1:
         raise ValueError(f"--html draws one model; {len(args.models)} given")
     html_path = _writable_path("--html", args.html, "plan.html") if args.html else None
+    if html_path:
+        find_dot()  # Graphviz lays the page out: without it, one line before any work
     reports, failures = [], []
     shapes = _parse_input_shapes(args.input_shape)
     many = len(args.models) > 1  # one bad file among several is reported, the rest go on

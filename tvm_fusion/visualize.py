@@ -6,12 +6,13 @@ cluster, puts the reason on every edge the planner cut, and toggles to stock Fus
 the same model, so "which operators became one kernel, and why not these two" is one look.
 
 Nothing is fetched when the page opens (no script, font or style from a URL): it works offline
-and can be attached to an issue. The layout is computed here, at write time: blocks are ranked
-by longest path over the block graph (a DAG: the planner rejects cycles), each rank is a column,
-and a block's operators are stacked in its column in topological order, so clusters never
-overlap. Operators are named by their lowered PrimFunc names and, below them, the ONNX nodes
-they came from (:mod:`tvm_fusion.onnx_names`: TVM's importer drops the names, so the model is
-imported with them carried as spans).
+and can be attached to an issue. The layout is computed when the page is written, by Graphviz's
+``dot`` (:mod:`tvm_fusion.graph_layout`): a layered layout, top to bottom, with each kernel a
+cluster and edges routed around the clusters; the page draws from dot's coordinates. A click on
+a kernel collapses it to one node (and back); the search box finds operators by PrimFunc name,
+Relax variable or ONNX node. Operators are named by their lowered PrimFunc names and, below
+them, the ONNX nodes they came from (:mod:`tvm_fusion.onnx_names`: TVM's importer drops the
+names, so the model is imported with them carried as spans).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import onnx
 import tvm
 from tvm import relax
 
+from . import graph_layout
 from .atomic import atomic_write_text
 from .compile import count_kernels, fuse, import_onnx, load_onnx
 from .instrument import Collector
@@ -40,8 +42,7 @@ COLOURS = {
     "kernel": ("#eef1f5", "#5a6b7d"),
 }
 PROFILE_SOURCES = ("db", "measure", "model")  # a yellow verdict from timings, not the default
-COL_W, NODE_W, NODE_H, ROW_GAP, PAD, HEAD = 310, 240, 32, 6, 10, 20
-INDENT, BAND_GAP = 20, 34  # room for in-block arcs on the left; between ranks
+NODE_W, NODE_H = 240, 32  # an operator's box: its PrimFunc name and its ONNX nodes
 LABEL_CHARS = 36  # what fits NODE_W at 11px monospace; the full name is in the tooltip
 
 
@@ -189,120 +190,94 @@ def _is_launch(expr) -> bool:
 # ------------------------------------------------------------------------------------ layout
 
 
-def layout(graph: Graph) -> tuple[dict[int, tuple[float, float, float, float]],
-                                  dict[int, tuple[float, float]], float, float]:
-    """Cluster boxes (x, y, w, h) and node positions (x, y), plus the canvas size.
-
-    A cluster's band (row) is its longest-path rank in the cluster graph, so data flows top to
-    bottom; clusters of one band sit side by side in kernel order."""
-    cluster_of = {n: c.kernel for c in graph.clusters for n in c.members}
-    preds: dict[int, set[int]] = {c.kernel: set() for c in graph.clusters}
-    for a, b, _ in graph.edges:
-        ca, cb = cluster_of.get(a), cluster_of.get(b)
-        if ca is not None and cb is not None and ca != cb:
-            preds[cb].add(ca)
-    rank: dict[int, int] = {}
-
-    def rank_of(c: int, seen: frozenset = frozenset()) -> int:
-        if c not in rank:
-            if c in seen:  # not a DAG (should not happen): break the loop, still draw
-                return 0
-            rank[c] = 1 + max((rank_of(p, seen | {c}) for p in preds[c]), default=-1)
-        return rank[c]
-
-    for c in preds:
-        rank_of(c)
-    bands: dict[int, list[Cluster]] = {}
-    for c in graph.clusters:
-        bands.setdefault(rank[c.kernel], []).append(c)
-    boxes, places = {}, {}
-    y, width = PAD, PAD
-    for r in sorted(bands):
-        tallest = 0.0
-        for col, c in enumerate(bands[r]):
-            h = HEAD + len(c.members) * (NODE_H + ROW_GAP) + PAD
-            x = PAD + col * COL_W
-            boxes[c.kernel] = (x, y, NODE_W + 2 * INDENT, h)
-            for row, n in enumerate(c.members):
-                places[n] = (x + INDENT, y + HEAD + row * (NODE_H + ROW_GAP))
-            tallest = max(tallest, h)
-            width = max(width, x + COL_W)
-        y += tallest + BAND_GAP
-    height = y
-    return boxes, places, width, height
+def layout(graph: Graph) -> graph_layout.Layout:
+    """Graphviz's dot lays the graph out when the page is written: each operator a fixed box
+    (its text is drawn here), each kernel a cluster whose label line is the header."""
+    sizes = {i: (NODE_W, NODE_H) for i in range(len(graph.nodes))}
+    clusters = {c.kernel: (c.members, _head(c)) for c in graph.clusters}
+    edges = {k: (a, b) for k, (a, b, _) in enumerate(graph.edges)}
+    return graph_layout.layout(sizes, clusters, edges)
 
 
 # ------------------------------------------------------------------------------------- render
 
 
 def render_svg(graph: Graph, view: str, hidden: bool = False) -> str:
-    """One view: ``<svg data-view=... data-kernels=N>`` with a ``<g class="cluster">`` per
-    kernel; a cut edge is a ``<path class="cut">`` whose ``<title>`` is the reason."""
-    boxes, places, width, height = layout(graph)
+    """One view: ``<svg data-view=... data-kernels=N data-layout="dot">`` with a
+    ``<g class="cluster">`` per kernel; a cut edge is a ``<path class="cut">`` whose
+    ``<title>`` is the reason; a kernel of several operators has a ``<g class="fold">``, the
+    one node it collapses to (hidden until its cluster is clicked)."""
+    laid = layout(graph)
     cluster_of = {n: c.kernel for c in graph.clusters for n in c.members}
-    parts = [f'<svg class="view" data-view="{view}" '
-             f'data-kernels="{len(graph.clusters)}" width="{width:.0f}" height="{height:.0f}"'
-             + (' style="display:none"' if hidden else "") + ">"]
+    parts = [f'<svg class="view" data-view="{view}" data-kernels="{len(graph.clusters)}" '
+             f'data-layout="dot" width="{laid.width:.0f}" height="{laid.height:.0f}" '
+             f'viewBox="0 0 {laid.width:.0f} {laid.height:.0f}"'
+             + (' style="display:none"' if hidden else "") + ">",
+             '<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="6" '
+             'markerHeight="6" orient="auto"><path d="M0,0 L8,4 L0,8 z" fill="#666"/>'
+             "</marker></defs>"]
+    folds = []
     for c in graph.clusters:
-        x, y, w, h = boxes[c.kernel]
+        x, y, w, h = laid.clusters[c.kernel]
         fill, stroke = COLOURS.get(c.kind, COLOURS["kernel"])
         names = ", ".join(graph.nodes[n].label + (f" ({graph.nodes[n].onnx_text})"
                                                   if graph.nodes[n].onnx else "")
                           for n in c.members)
-        head = f"#{c.kernel} {c.kind}" if c.kind != "kernel" else f"#{c.kernel}"
+        title = f"<title>{_e(_head(c))}: {_e(names)}</title>"
+        box = f'x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" rx="6"'
+        many = len(c.members) > 1
         parts.append(
-            f'<g class="cluster" data-kernel="{c.kernel}"><title>{_e(head)}: {_e(names)}'
-            + (f" ({_e(c.note)})" if c.note else "") + "</title>"
-            f'<rect x="{x}" y="{y}" width="{w}" height="{h}" rx="6" fill="{fill}" '
-            f'stroke="{stroke}" stroke-width="1.5"/>'
-            f'<text x="{x + 6}" y="{y + 14}" class="head" fill="{stroke}">{_e(head)}'
-            + (f" · {_e(c.note)}" if c.note else "") + "</text></g>")
-    edges = []
+            f'<g class="cluster" data-kernel="{c.kernel}" data-ops="{len(c.members)}">{title}'
+            f'<rect {box} fill="{fill}" stroke="{stroke}" stroke-width="1.5"/>'
+            f'<text x="{x + 6:.1f}" y="{y + 14:.1f}" class="head" fill="{stroke}">'
+            f"{_e(_head(c))}" + (" ▾" if many else "") + "</text></g>")
+        if many:  # the node it collapses to: drawn over its operators and the edges into them
+            lines = [f"{len(c.members)} operators, one kernel (click to expand):"]
+            room = max(1, int((h - 38) // 13))
+            labels = [graph.nodes[n].label for n in c.members]
+            lines += [_short(t) for t in labels[:room]]
+            if len(labels) > room:
+                lines[-1] = f"… and {len(labels) - room + 1} more"
+            text = "".join(f'<text x="{x + 8:.1f}" y="{y + 32 + 13 * i:.1f}">{_e(t)}</text>'
+                           for i, t in enumerate(lines))
+            folds.append(
+                f'<g class="fold" data-kernel="{c.kernel}">{title}<rect {box} fill="{fill}" '
+                f'stroke="{stroke}" stroke-width="3"/><text x="{x + 6:.1f}" y="{y + 14:.1f}" '
+                f'class="head" fill="{stroke}">{_e(_head(c))} ▸</text>{text}</g>')
+    path_of: dict[tuple[int, int], str] = {}
     for k, (a, b, reason) in enumerate(graph.edges):
-        if a not in places or b not in places:
+        d = laid.edges.get(k)
+        if not d:
             continue
-        (ax, ay), (bx, by) = places[a], places[b]
+        path_of.setdefault((a, b), d)
         same = cluster_of.get(a) == cluster_of.get(b)
-        if same:  # inside a cluster: the consumer sits below; a short arc on the left edge
-            x0, y0, y1 = ax, ay + NODE_H / 2, by + NODE_H / 2
-            bend = min(INDENT - 3.0, 6 + (y1 - y0) / 6)
-            d = f"M{x0},{y0} C{x0 - bend},{y0} {x0 - bend},{y1} {x0},{y1}"
-        else:
-            # orthogonal, through empty space only: right out of the producer, down the gutter
-            # right of its column, across the gap above the consumer's band, down the gutter
-            # of the consumer's column, left into the consumer
-            lane = (k % 5) * 3
-            ga, gb = ax + NODE_W + INDENT + 6 + lane, bx + NODE_W + INDENT + 6 + lane
-            y0, y1 = ay + NODE_H / 2, by + NODE_H / 2
-            gap = boxes[cluster_of[b]][1] - 8 - (k % 4) * 4
-            d = (f"M{ax + NODE_W},{y0} L{ga},{y0} L{ga},{gap} L{gb},{gap} L{gb},{y1} "
-                 f"L{bx + NODE_W},{y1}")
         cls = "cut" if reason else ("in" if same else "link")
         title = (f"<title>{_e(graph.nodes[a].label)} → {_e(graph.nodes[b].label)}: "
                  f"{_e(reason)}</title>") if reason else ""
         data = f' data-edge="{k}"' if reason else ""
-        edges.append(f'<path class="{cls}"{data} d="{d}" marker-end="url(#arrow)">{title}</path>')
+        parts.append(f'<path class="{cls}"{data} d="{d}" marker-end="url(#arrow)">{title}</path>')
     for k, (a, b, verdict, detail) in enumerate(graph.profiled):
-        if a not in places or b not in places:
+        if a not in laid.nodes or b not in laid.nodes:
             continue
-        (ax, ay), (bx, by) = places[a], places[b]
-        d = f"M{ax + NODE_W},{ay + NODE_H / 2} L{bx + NODE_W},{by + NODE_H / 2}"
-        edges.append(f'<path class="profiled" data-profiled="{k}" d="{d}"><title>'
+        (ax, ay), (bx, by) = laid.nodes[a], laid.nodes[b]
+        d = path_of.get((a, b)) or (f"M{ax + NODE_W / 2:.1f},{ay + NODE_H:.1f} "
+                                    f"L{bx + NODE_W / 2:.1f},{by:.1f}")
+        parts.append(f'<path class="profiled" data-profiled="{k}" d="{d}"><title>'
                      f"{_e(graph.nodes[a].label)} → {_e(graph.nodes[b].label)}: {_e(verdict)} "
                      f"({_e(detail)})</title></path>")
-    parts.append('<defs><marker id="arrow" viewBox="0 0 8 8" refX="7" refY="4" '
-                 'markerWidth="6" markerHeight="6" orient="auto"><path d="M0,0 L8,4 L0,8 z" '
-                 'fill="#666"/></marker></defs>')
-    parts += edges
-    for n, (x, y) in places.items():
-        node = graph.nodes[n]
-        search = f"{node.label} {node.onnx_text}".lower()
-        origin = (f'<text x="{x + 5}" y="{y + 26}" class="onnx">{_e(_short(node.onnx_text))}'
-                  "</text>") if node.onnx else ""
-        parts.append(f'<g class="op" data-name="{_e(search)}"><title>{_e(node.detail)}'
-                     f'</title><rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="3" '
-                     f'fill="#fff" stroke="#999"/><text x="{x + 5}" y="{y + 13}">'
+    for n, node in enumerate(graph.nodes):
+        if n not in laid.nodes:
+            continue
+        x, y = laid.nodes[n]
+        search = f"{node.label} {node.var} {node.onnx_text}".lower()
+        origin = (f'<text x="{x + 5:.1f}" y="{y + 26:.1f}" class="onnx">'
+                  f"{_e(_short(node.onnx_text))}</text>") if node.onnx else ""
+        parts.append(f'<g class="op" data-kernel="{cluster_of.get(n, "")}" '
+                     f'data-name="{_e(search)}"><title>{_e(node.detail)}</title>'
+                     f'<rect x="{x:.1f}" y="{y:.1f}" width="{NODE_W}" height="{NODE_H}" rx="3" '
+                     f'fill="#fff" stroke="#999"/><text x="{x + 5:.1f}" y="{y + 13:.1f}">'
                      f"{_e(_short(node.label))}</text>{origin}</g>")
+    parts += folds
     parts.append("</svg>")
     return "\n".join(parts)
 
@@ -369,6 +344,7 @@ def picture(module_plan, stock_mod, title: str = "fusion plan",
 def visualize(mod_or_model, target="llvm", title: str | None = None, **options) -> FusionPicture:
     """Plan an ONNX model (a path or a ``ModelProto``) or an imported Relax module with
     tvm_fusion and with stock FuseOps, and draw both. ``options`` are tvm_fusion's options."""
+    graph_layout.find_dot()  # before the planning: without Graphviz, say so at once
     if isinstance(mod_or_model, str):
         title = title or mod_or_model
         mod_or_model = load_onnx(mod_or_model)
@@ -382,6 +358,12 @@ def visualize(mod_or_model, target="llvm", title: str | None = None, **options) 
     stock = fuse(mod, target, strategy="tvm")
     return picture(collector.plans[0], stock, title or "fusion plan", count_kernels(fused),
                    collector.layout_blocks)
+
+
+def _head(c: Cluster) -> str:
+    """A cluster's header line: its kernel number, the anchor's mapping type, what it saves."""
+    head = f"#{c.kernel} {c.kind}" if c.kind != "kernel" else f"#{c.kernel}"
+    return head + (f" · {c.note}" if c.note else "")
 
 
 def _cell(node: Node) -> str:
@@ -403,70 +385,119 @@ def _e(text) -> str:
     return html.escape(str(text), quote=True)
 
 
+# The side tables' rows are grid rows with content-visibility:auto, so the browser lays out only
+# the rows on screen: a GPT-2 page has hundreds, and as table rows they took half its opening.
 _CSS = """
 body{font:13px system-ui,sans-serif;margin:0;color:#222}
 header{padding:8px 12px;border-bottom:1px solid #ccc;background:#fafafa}
 header h1{font-size:16px;margin:0 0 4px}
 .key{display:inline-block;padding:1px 6px;border:1.5px solid;border-radius:4px;margin-right:4px}
-main{display:flex;height:calc(100vh - 92px)}
+main{display:flex;height:calc(100vh - 118px)}
 #canvas{flex:1;overflow:auto;border-right:1px solid #ccc}
 aside{width:480px;overflow:auto;padding:0 8px}
 svg text{font:11px ui-monospace,monospace}
 svg text.head{font-weight:bold}
 svg text.onnx{font-size:10px;fill:#3a6ea5}
 span.onnx{color:#3a6ea5}
+g.cluster[data-ops]:not([data-ops="1"]),g.fold{cursor:pointer}
+g.fold{display:none}
+g.fold.shown{display:inline}
+g.fold.hit rect{stroke:#e6b800;stroke-width:5}
 path.in,path.link{fill:none;stroke:#999;stroke-width:1}
 path.link{stroke:#5a6b7d;stroke-width:1.2}
 path.cut{fill:none;stroke:#c0392b;stroke-width:1.4;stroke-dasharray:5 3;cursor:pointer}
 path.cut:hover,path.cut.sel{stroke-width:3.5}
-path.profiled{fill:none;stroke:#2e7d32;stroke-width:2}
+path.profiled{fill:none;stroke:#2e7d32;stroke-width:2.5}
 g.op.hit rect{fill:#fff59d;stroke:#333}
+g.op.cur rect{fill:#ffd54f;stroke:#000;stroke-width:2}
 table{border-collapse:collapse;width:100%;font-size:12px}
+aside table,aside tbody{display:block}
+aside tr{display:grid;grid-template-columns:1fr 1fr 1.1fr;content-visibility:auto;
+  contain-intrinsic-size:auto 44px}
 td,th{border-bottom:1px solid #ddd;padding:3px;text-align:left;vertical-align:top}
 td:nth-child(-n+2){font-family:ui-monospace,monospace;word-break:break-all}
 .var{color:#888}
 tr.sel{background:#fff59d}
-button{margin-right:6px}
+button{margin-right:4px}
+#hits{color:#555;margin-right:8px}
 """
 
+# The page's behaviour: the view toggle; a cut edge <-> its table row; a click on a kernel's
+# cluster collapses it to one node (its fold) and a click on that node expands it; the search
+# marks operators (and the collapsed kernels holding them), Enter steps through them; zoom.
 _JS = """
 (function(){
-  var views=document.querySelectorAll('svg.view');
+  var root=document.currentScript.closest('.plan'),zoom=1;
+  function $(q){return root.querySelector(q);}
+  function $$(q,el){return (el||root).querySelectorAll(q);}
+  var views=$$('svg.view'),search=$('#search'),hits=[],at=-1;
+  function cur(){return $('svg.view:not([style*="none"])');}
   function show(name){views.forEach(function(v){
     v.style.display=v.getAttribute('data-view')===name?'':'none';});
-    document.getElementById('which').textContent=name==='stock'?'stock FuseOps':'tvm_fusion';}
-  document.getElementById('toggle').onclick=function(){
-    var cur=document.querySelector('svg.view:not([style*="none"])').getAttribute('data-view');
-    show(cur==='stock'?'tvm_fusion':'stock');};
-  function select(k){document.querySelectorAll('.sel').forEach(function(e){
-    e.classList.remove('sel');});
-    document.querySelectorAll('[data-edge="'+k+'"]').forEach(function(e){
+    $('#which').textContent=name==='stock'?'stock FuseOps':'tvm_fusion';find();}
+  $('#toggle').onclick=function(){
+    show(cur().getAttribute('data-view')==='stock'?'tvm_fusion':'stock');};
+  function select(k){$$('.sel').forEach(function(e){e.classList.remove('sel');});
+    $$('[data-edge="'+k+'"]').forEach(function(e){
       e.classList.add('sel');if(e.tagName==='TR'){e.scrollIntoView({block:'nearest'});}});}
-  document.querySelectorAll('path.cut').forEach(function(p){
+  $$('path.cut').forEach(function(p){
     p.onclick=function(){select(p.getAttribute('data-edge'));};});
-  document.querySelectorAll('tr[data-edge]').forEach(function(r){
-    r.onclick=function(){select(r.getAttribute('data-edge'));show('tvm_fusion');
-      var p=document.querySelector('path[data-edge="'+r.getAttribute('data-edge')+'"]');
-      if(p){p.scrollIntoView({block:'center',inline:'center'});}};});
-  document.querySelectorAll('tr.removed').forEach(function(r){r.onclick=function(){
-    var s=document.getElementById('search');s.value=r.getAttribute('data-find');
-    s.dispatchEvent(new Event('input'));show('tvm_fusion');
-    var hit=document.querySelector('g.op.hit');if(hit){hit.scrollIntoView({block:'center'});}};});
-  document.getElementById('search').oninput=function(e){var q=e.target.value.toLowerCase();
-    document.querySelectorAll('g.op').forEach(function(g){
-      g.classList.toggle('hit',q.length>0&&g.getAttribute('data-name').indexOf(q)>=0);});};
+  function reveal(el){el.scrollIntoView({block:'center',inline:'center'});}
+  $$('tr[data-edge]').forEach(function(r){r.onclick=function(){
+    var k=r.getAttribute('data-edge');show('tvm_fusion');select(k);
+    var p=$('path[data-edge="'+k+'"]');if(p){reveal(p);}};});
+  // a click on a kernel collapses it to its fold (one node over it); a click on that expands
+  function collapse(v,k,on){var f=v.querySelector('g.fold[data-kernel="'+k+'"]');
+    if(f){f.classList.toggle('shown',on);}mark();}
+  $$('g.cluster').forEach(function(g){g.onclick=function(){
+    collapse(g.ownerSVGElement,g.getAttribute('data-kernel'),true);};});
+  $$('g.fold').forEach(function(f){f.onclick=function(){
+    collapse(f.ownerSVGElement,f.getAttribute('data-kernel'),false);};});
+  function all(on){$$('g.fold',cur()).forEach(function(f){f.classList.toggle('shown',on);});
+    mark();}
+  $('#collapse').onclick=function(){all(true);};
+  $('#expand').onclick=function(){all(false);};
+  // search: operators whose PrimFunc name, Relax variable or ONNX node contains the text;
+  // a collapsed kernel holding one is marked; Enter steps through them, expanding as it goes
+  function mark(){var held={};hits.forEach(function(g){held[g.getAttribute('data-kernel')]=1;});
+    $$('g.fold',cur()).forEach(function(f){
+      f.classList.toggle('hit',!!held[f.getAttribute('data-kernel')]);});}
+  function find(){var q=search.value.trim().toLowerCase(),v=cur();hits=[];at=-1;
+    $$('g.op.hit,g.op.cur').forEach(function(g){g.classList.remove('hit','cur');});
+    if(q){$$('g.op',v).forEach(function(g){
+      if(g.getAttribute('data-name').indexOf(q)>=0){g.classList.add('hit');hits.push(g);}});}
+    $('#hits').textContent=q?hits.length+' found'+(hits.length?' (Enter: next)':''):'';
+    mark();}
+  function next(){if(!hits.length){return;}
+    if(at>=0){hits[at].classList.remove('cur');}at=(at+1)%hits.length;var g=hits[at];
+    collapse(g.ownerSVGElement,g.getAttribute('data-kernel'),false);
+    g.classList.add('cur');reveal(g);}
+  search.oninput=find;
+  search.onkeydown=function(e){if(e.key==='Enter'){next();}};
+  $$('tr.removed').forEach(function(r){r.onclick=function(){
+    show('tvm_fusion');search.value=r.getAttribute('data-find');find();next();};});
+  function scale(z){zoom=Math.max(0.05,Math.min(2,z));views.forEach(function(v){
+    var b=v.viewBox.baseVal;v.setAttribute('width',b.width*zoom);
+    v.setAttribute('height',b.height*zoom);});
+    $('#zoom').textContent=Math.round(zoom*100)+'%';}
+  $('#zoomout').onclick=function(){scale(zoom/1.25);};
+  $('#zoomin').onclick=function(){scale(zoom*1.25);};
 })();
 """
 
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<style>{css}</style></head><body>
+<style>{css}</style></head><body><div class="plan">
 <header><h1>{title}: {operators} operators as planned, tvm_fusion {fused} kernels,
 stock FuseOps {stock} kernels, {n_removed} layout operators removed</h1>
 <button id="toggle">toggle tvm_fusion / stock FuseOps</button> showing <b id="which">tvm_fusion</b>
-&nbsp; <input id="search" placeholder="find operator or ONNX node" size="24">
-&nbsp; anchor: {legend}
-<span style="color:#c0392b">- - -</span> edge kept apart (hover or click for why)
+&nbsp; <input id="search" placeholder="find operator or ONNX node" size="28">
+<span id="hits"></span>
+<button id="collapse">collapse all</button><button id="expand">expand all</button>
+<button id="zoomout">−</button><span id="zoom">100%</span> <button id="zoomin">+</button><br>
+anchor: {legend}
+<span style="color:#c0392b">- - -</span> edge kept apart (hover or click for why);
+click a kernel to collapse it to one node, and that node to expand it; laid out by Graphviz dot
 <script type="application/json" id="kernel-counts">{counts}</script></header>
 <main><div id="canvas">
 {ours}
@@ -484,5 +515,5 @@ stock FuseOps {stock} kernels, {n_removed} layout operators removed</h1>
 {removed}
 </table></aside></main>
 <script>{js}</script>
-</body></html>
+</div></body></html>
 """

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 import tvm
 from conftest import TARGET
 from onnx import TensorProto, helper
@@ -19,7 +20,7 @@ from tvm_fusion.tir_schedules.attention import ATTENTION_ATTR
 SEQ, HEADS, DIM = 24, 2, 8
 
 
-def _packed_self_attention() -> onnx.ModelProto:
+def _packed_self_attention(cast_probabilities: bool = False) -> onnx.ModelProto:
     width = HEADS * DIM
     const = [helper.make_tensor("split", TensorProto.INT64, [3], [width] * 3),
              helper.make_tensor("heads", TensorProto.INT64, [4], [0, 0, HEADS, DIM]),
@@ -33,7 +34,9 @@ def _packed_self_attention() -> onnx.ModelProto:
                   helper.make_node("Transpose", [f"{name}4"], [f"{name}h"], perm=perm)]
     nodes += [helper.make_node("MatMul", ["qh", "kh"], ["s"]),
               helper.make_node("Mul", ["s", "scale"], ["ss"]),
-              helper.make_node("Softmax", ["ss"], ["p"], axis=-1),
+              helper.make_node("Softmax", ["ss"], ["p0" if cast_probabilities else "p"], axis=-1),
+              *([helper.make_node("Cast", ["p0"], ["p"], to=TensorProto.FLOAT)]
+                if cast_probabilities else []),
               helper.make_node("MatMul", ["p", "vh"], ["o"]),
               helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["ot", "merged"], ["ctx"]),
@@ -41,13 +44,18 @@ def _packed_self_attention() -> onnx.ModelProto:
               helper.make_node("MatMul", ["ctx", "w"], ["y"])]
     graph = helper.make_graph(
         nodes, "packed_self_attention",
-        [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, SEQ, 3 * width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, SEQ, width])], const)
+        [helper.make_tensor_value_info("qkv", TensorProto.FLOAT, [1, "seq", 3 * width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq", width])], const)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def test_one_input_attention_lowers_plans_memory_and_matches():
-    model = _packed_self_attention()
+@pytest.mark.parametrize("cast_probabilities", [False, True])
+def test_one_input_attention_lowers_plans_memory_and_matches(cast_probabilities):
+    """A symbolic sequence (rewriting, which would drop an identity cast, skips symbolic
+    graphs). ``cast_probabilities``: TorchScript's GPT-2 casts the probabilities to their own
+    dtype before P·V (``attn_weights.type(value.dtype)``), a copy once legalized; it is part of
+    the block like a real cast."""
+    model = _packed_self_attention(cast_probabilities)
     mod = import_onnx(model)
     fused = fuse(mod, TARGET)
     kernels = [f for f in fused.functions.values()

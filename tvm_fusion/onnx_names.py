@@ -42,7 +42,7 @@ def name_bindings(mod: tvm.IRModule, results) -> tvm.IRModule:
 
 
 def node_name(var: relax.Var) -> str | None:
-    """The ONNX node ``var``'s binding came from (:func:`from_onnx_with_names`), or None;
+    """The ONNX node ``var``'s binding came from (:func:`name_bindings`), or None;
     several joined by :data:`SOURCE_SEPARATOR` when a pass merged their bindings."""
     span = getattr(var, "span", None)
     source = getattr(span, "source_name", None) if span is not None else None

@@ -55,6 +55,7 @@ SEQUENTIALS = ("tvm.transform.Sequential", "tvm.ir.transform.Sequential")
 LAYERS = {
     "apps": ("tvm_fusion", "tvm_fusion.cli", "tvm_fusion.report", "tvm_fusion.bench",
              "tvm_fusion.visualize", "tvm_fusion.zoo", "tvm_fusion.export_models",
+             "tvm_fusion.export_architectures",
              "tvm_fusion.fuzz", "tvm_fusion.testing", "tvm_fusion.tuning.tune_cli",
              "tvm_fusion.tuning.db_cli"),
     "driver": ("tvm_fusion.compile", "tvm_fusion.memory", "tvm_fusion.tuning.tune",
@@ -63,6 +64,7 @@ LAYERS = {
     "profiling": ("tvm_fusion.tuning",),  # what transform hands the planners
     "pipeline": ("tvm_fusion.pipeline",),
     "passes": tuple(f"{PACKAGE}.{p}" for p in PASS_PACKAGES),
+    "frontend": ("tvm_fusion.frontend",),  # TVM's importers plus repairs
     "helpers": ("tvm_fusion.options", "tvm_fusion.instrument", "tvm_fusion.tir_utils",
                 "tvm_fusion.symbolic", "tvm_fusion.target", "tvm_fusion.devices",
                 "tvm_fusion.native_log", "tvm_fusion.atomic", "tvm_fusion.threads",

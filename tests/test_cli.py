@@ -223,7 +223,7 @@ def test_reference_that_cannot_run_is_one_line(tmp_path, monkeypatch):
     def refuse(model, feeds):
         raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : no kernel\nmore C++ detail")
 
-    monkeypatch.setattr(report, "onnx_reference", refuse)
+    monkeypatch.setattr(report, "reference_outputs", refuse)
     model = onnx.load(_tiny_model(tmp_path / "relu.onnx"))
     with pytest.raises(ModelError, match=r"cannot run the model \(\[ONNXRuntimeError\].*"
                                          r"no kernel\); --no-check skips the check$"):
@@ -345,7 +345,7 @@ def test_rank0_inputs_build_check_and_name_their_errors(tmp_path):
     # the line names the operator and ONNX's reason, not TVM's importer internals
     bad = _scalar_model(tmp_path / "bad.onnx", [helper.make_node("Reshape", ["x", "s"], ["y"])],
                         out_shape=(6,), scalar_dtype=TensorProto.INT64)
-    _one_line_exit_2(_run("report", str(bad)), "invalid ONNX model at Reshape (inputs [x, s]): "
+    _one_line_exit_2(_run("report", str(bad)), "invalid ONNX model at ONNX node 'y' (Reshape): "
                                                "shape input must be 1D tensor")
 
 

@@ -271,3 +271,66 @@ def test_cli_default_target_is_the_host(monkeypatch, tmp_path):
     for extra in ([], ["--target", "native"]):
         assert cli_main(["report", str(path), *extra]) == 2
     assert all(str(t.attrs["mcpu"]) == host.host_cpu() for t in seen) and len(seen) == 2
+
+
+# ------------------------------------------------------- grouping and schedules (issue 24)
+
+
+def _merge_heads_module() -> tvm.IRModule:
+    """``(batch, 4, 17) -> (batch*4, 17) -> relu -> (batch, 4, 17) * 2``: the second reshape's
+    result uses ``batch``, which no shape of a group that starts after the first defines."""
+    batch = tirx.Var("batch", "int64")
+    x = relax.Var("x", relax.TensorType([batch, 4, 17], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            flat = bb.emit(relax.op.reshape(x, relax.ShapeExpr([batch * 4, 17])))
+            act = bb.emit(relax.op.nn.relu(flat))
+            back = bb.emit(relax.op.reshape(act, relax.ShapeExpr([batch, 4, 17])))
+            out = bb.emit_output(relax.op.multiply(back, relax.const(2.0, "float32")))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_group_gets_the_sizes_its_parameters_do_not_define():
+    mod = _merge_heads_module()
+    fused = fuse(mod, TARGET)
+    main = fused["main"].script()
+    assert "ndim=3" not in main  # every result has its shape (an opaque one failed to build)
+    executable = compile_model(mod, TARGET)
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 4, 17)).astype("float32")
+        (got,) = run_vm(executable, [x])
+        np.testing.assert_allclose(got, np.maximum(x, 0) * 2, rtol=1e-6)
+
+
+def test_a_stage_is_not_attached_where_it_would_be_recomputed_per_row():
+    """A producer that each row of its consumer reads through ``(i * seq + j) // seq % seq``
+    (what chains of symbolic reshapes leave): TVM bounds that by two whole rows' worth of
+    rows, not one (nothing in the PrimFunc proves ``seq > 0``), so per row it would compute
+    about twice all of it; read as ``B[i, j]`` it is attached."""
+    from tvm.script import tirx as T
+
+    from tvm_fusion.tir_schedules.cpu import _recomputes
+
+    def schedule(row_of):
+        @T.prim_func(s_tir=True)
+        def func(a: T.handle, c: T.handle):
+            seq = T.int64()
+            A = T.match_buffer(a, (seq, seq), "float32")
+            C = T.match_buffer(c, (seq, seq), "float32")
+            B = T.sblock_alloc_buffer((seq, seq), "float32")
+            for i, j in T.grid(seq, seq):
+                with T.sblock("B"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    B[vi, vj] = A[vi, vj] * T.float32(2)
+            for i, j in T.grid(seq, seq):
+                with T.sblock("C"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    C[vi, vj] = B[row_of(vi, vj, seq), vj] + T.float32(1)
+
+        sch = tvm.s_tir.Schedule(func)
+        return sch, sch.get_sblock("B"), sch.get_loops(sch.get_sblock("C"))[0]
+
+    assert _recomputes(*schedule(lambda i, j, n: (i * n + j) // n % n))
+    assert not _recomputes(*schedule(lambda i, j, n: i))

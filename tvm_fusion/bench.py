@@ -3,7 +3,7 @@
 Every variant runs the same random inputs; all are built first, then timed in turns (ABBA
 rounds, :func:`medians_in_turns`): medians over ``repeat`` rounds after ``warmup`` untimed
 runs; the error column is the max abs difference from the reference (ONNX Runtime with graph
-optimisations off), so a fast wrong answer shows. TVM variants:
+optimisations off; PyTorch for a torch.export program), so a fast wrong answer shows. TVM variants:
 
 * ``tvm-default``: ``tvm.compile(mod, target)`` as a user gets it (on CPU: no fusion);
 * ``tvm-fuseops``: stock ``relax.get_default_pipeline`` (FuseOps + FuseTIR, DLight on GPUs);
@@ -32,9 +32,20 @@ from tvm import relax
 
 from . import export_models
 from .atomic import atomic_write_text
-from .compile import compile_model, flatten_outputs, graph_input_names, import_onnx, load_onnx
+from .compile import (
+    compile_model,
+    default_sizes,
+    flatten_outputs,
+    graph_input_names,
+    import_model,
+    load_model,
+    model_signature,
+    reference_outputs,
+)
 from .feeds import random_inputs, run_shapes, shapes_for
-from .numerics import max_abs_error, onnx_reference
+from .frontend import TorchProgram
+from .numerics import max_abs_error
+from .symbolic import symbolic_hints
 from .target import to_target
 from .threads import use_physical_cores
 
@@ -115,7 +126,7 @@ def medians_in_turns(calls: dict[str, Callable[[], object]], warmup: int = 2,
 def _tvm_runner(model, target: str, compile_kwargs: dict, inputs: list[np.ndarray]):
     tgt = to_target(target)
     device = tvm.device("cpu" if tgt.kind.name in ("llvm", "c") else tgt.kind.name, 0)
-    vm = relax.VirtualMachine(compile_model(import_onnx(model), tgt, **compile_kwargs), device)
+    vm = relax.VirtualMachine(compile_model(import_model(model), tgt, **compile_kwargs), device)
     args = [tvm.runtime.tensor(x, device) for x in inputs]
 
     def call():
@@ -148,6 +159,8 @@ def check_variants(variants) -> None:
 
 
 def _ort_runner(model, feeds: dict):
+    if isinstance(model, TorchProgram):
+        raise LookupError("a torch.export program is no ONNX file")
     if (why := onnxruntime_missing()) is not None:  # the default variants: a skipped row
         raise LookupError(f"onnxruntime cannot be imported ({why})")
     import onnxruntime as ort
@@ -157,6 +170,21 @@ def _ort_runner(model, feeds: dict):
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     return (lambda: session.run(None, feeds)), (lambda: session.run(None, feeds))
+
+
+def _program_runner(model: TorchProgram, feeds: dict):
+    """PyTorch running the torch.export program itself."""
+    import torch
+
+    torch.set_num_threads(use_physical_cores())
+    module = model.program.module()
+    args = [torch.from_numpy(feeds[vi.name]) for vi in model.signature.graph.input]
+
+    def call():
+        with torch.no_grad():
+            return module(*args)
+
+    return call, lambda: model.reference(feeds)
 
 
 def _torch_runner(name: str, feeds: dict):
@@ -197,11 +225,13 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
     if unknown:
         raise ValueError(f"unknown bench variant {unknown[0]!r}; expected {ALL_VARIANTS}")
     name = Path(path).stem
-    model = load_onnx(path)
-    feeds = random_inputs(model, seed=seed, shape_overrides=run_shapes(
-        model, shapes_for(model, input_shapes)))
-    inputs = [feeds[k] for k in graph_input_names(model)]
-    reference = onnx_reference(model, feeds)
+    model = load_model(path)
+    signature = model_signature(model)
+    with symbolic_hints(default_sizes(model)):
+        shapes = run_shapes(signature, shapes_for(signature, input_shapes))
+    feeds = random_inputs(signature, seed=seed, shape_overrides=shapes)
+    inputs = [feeds[k] for k in graph_input_names(signature)]
+    reference = reference_outputs(model, feeds)
     calls, errors, skipped = {}, {}, {}
     for variant in variants:
         if progress is not None:
@@ -211,6 +241,8 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
                 call, outputs = _tvm_runner(model, target, TVM_VARIANTS[variant], inputs)
             elif variant == "onnxruntime":
                 call, outputs = _ort_runner(model, feeds)
+            elif isinstance(model, TorchProgram):
+                call, outputs = _program_runner(model, feeds)
             else:
                 call, outputs = _torch_runner(name, feeds)
         except LookupError as err:

@@ -21,7 +21,7 @@ from . import __version__
 from . import report as reporting  # reporting.make_report is looked up per call (tests)
 from .bench import ALL_VARIANTS, check_variants, run_bench
 from .bench import to_markdown as bench_markdown
-from .compile import compile_model, import_onnx, load_onnx
+from .compile import compile_model, import_model, load_model, model_signature
 from .devices import require_codegen, require_device
 from .feeds import shape_names, shapes_for
 from .graph_layout import find_dot
@@ -121,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     common(demo)
     demo.set_defaults(func=_cmd_demo)
 
-    comp = sub.add_parser("compile", help="compile an ONNX model to a shared library")
+    comp = sub.add_parser("compile", help="compile an ONNX model (or a torch.export .pt2 "
+                                          "program) to a shared library")
     comp.add_argument("model")
     comp.add_argument("-o", "--output", required=True,
                       help="shared library to write (missing parent folders are created)")
@@ -131,7 +132,8 @@ def _parser() -> argparse.ArgumentParser:
     comp.set_defaults(func=_cmd_compile)
 
     rep = sub.add_parser("report", help="the fusion report of ONNX models")
-    rep.add_argument("models", nargs="*", help="ONNX files (or --zoo)")
+    rep.add_argument("models", nargs="*", help="ONNX files or torch.export programs (.pt2); "
+                                               "or --zoo")
     rep.add_argument("--zoo", action="store_true",
                      help="every model of the zoo folder: Markdown, JSON and a chart in --out")
     rep.add_argument("--models-dir", help="zoo folder (default $TVM_FUSION_MODELS or ./models)")
@@ -147,7 +149,8 @@ def _parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_cmd_report)
     bench = sub.add_parser("bench", help="latency side by side: stock TVM, tvm_fusion, "
                                          "ONNX Runtime, PyTorch")
-    bench.add_argument("models", nargs="*", help="ONNX files (default: the zoo folder)")
+    bench.add_argument("models", nargs="*", help="ONNX files or torch.export programs (.pt2) "
+                                                 "(default: the zoo folder)")
     bench.add_argument("--models-dir", help="zoo folder (default $TVM_FUSION_MODELS or ./models)")
     bench.add_argument("--target", default=None, help=_TARGET_HELP)
     bench.add_argument("--variants", default=None,
@@ -191,7 +194,7 @@ def _parse_input_shapes(pairs: list[str] | None) -> dict | None:
 def _check_shape_names(shapes: dict | None, models: list) -> None:
     """Every ``--input-shape`` name must belong to one of the models (each model gets the
     entries that name its own inputs and dimensions)."""
-    known = set().union(*(shape_names(m) for m in models)) if models else set()
+    known = set().union(*(shape_names(model_signature(m)) for m in models)) if models else set()
     unknown = sorted(set(shapes or {}) - known)
     if unknown:
         raise ValueError(f"--input-shape {unknown[0]!r}: no model has an input or symbolic "
@@ -207,7 +210,7 @@ def _cmd_bench(args) -> int:
     paths = [Path(p) for p in args.models] or zoo_models(args.models_dir)
     shapes = _parse_input_shapes(args.input_shape)
     if shapes:
-        _check_shape_names(shapes, [load_onnx(p) for p in paths])
+        _check_shape_names(shapes, [load_model(p) for p in paths])
     rows = run_bench(paths, args.target, variants, args.repeat, args.warmup, args.out,
                      input_shapes=shapes)
     print(bench_markdown(rows))
@@ -281,7 +284,7 @@ def _cmd_compile(args) -> int:
         print(f"wrote {args.output}")
         return 0
     _check_target(args.target)
-    mod = import_onnx(load_onnx(args.model))
+    mod = import_model(load_model(args.model))
     executable = compile_model(mod, args.target, **options)
     # for another machine's CPU (an aarch64 mtriple): its cross compiler links the .so, or a
     # .tar of objects; the host's g++ cannot link them
@@ -296,7 +299,7 @@ def _cmd_report(args) -> int:
     if args.zoo:
         return _cmd_zoo(args)
     if not args.models:
-        raise ValueError("report needs ONNX files, or --zoo")
+        raise ValueError("report needs ONNX files (or .pt2 programs), or --zoo")
     if args.html and len(args.models) != 1:
         raise ValueError(f"--html draws one model; {len(args.models)} given")
     html_path = _writable_path("--html", args.html, "plan.html") if args.html else None
@@ -308,7 +311,7 @@ def _cmd_report(args) -> int:
     models = []
     for path in args.models:
         try:
-            models.append((path, load_onnx(path)))
+            models.append((path, load_model(path)))
         except BAD_INPUT as err:
             failures.append(_skip_model(path, err, many))
     _check_shape_names(shapes, [model for _, model in models])
@@ -318,7 +321,8 @@ def _cmd_report(args) -> int:
         try:
             reports.append(reporting.make_report(
                 model, name, args.target, check=not args.no_check,
-                input_shapes=shapes_for(model, shapes), artifacts=artifacts, **options))
+                input_shapes=shapes_for(model_signature(model), shapes), artifacts=artifacts,
+                **options))
         except (*BAD_INPUT, AssertionError) as err:
             failures.append(_skip_model(path, err, many))
             continue

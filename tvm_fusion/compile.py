@@ -1,4 +1,8 @@
-"""From an ONNX file to a compiled module, with one-line errors for bad input.
+"""From an ONNX file (or a ``torch.export`` program) to a compiled module, with one-line errors
+for bad input.
+
+Models are imported through :mod:`tvm_fusion.frontend` (TVM's importers plus the repairs that
+symbolic exports need).
 
 ``compile_model`` builds with tvm_fusion or, for comparison, with stock TVM: ``"tvm"`` is TVM's
 own fused pipeline (``relax.get_default_pipeline``: FuseOps + FuseTIR), which is what stock TVM
@@ -20,11 +24,11 @@ import onnx
 import onnx.numpy_helper
 import tvm
 from tvm import relax
-from tvm.relax.frontend.onnx import from_onnx
 
+from . import frontend
 from .devices import require_codegen
 from .native_log import EVERYTHING, filtered_stderr
-from .onnx_names import from_onnx_with_names
+from .numerics import onnx_reference
 from .target import to_target
 from .transform import Sequential, get_pipeline
 
@@ -67,35 +71,87 @@ def _check_opset(path: str, model: onnx.ModelProto) -> None:
 
 
 def import_onnx(model: onnx.ModelProto, shape_dict: dict | None = None,
+                report: frontend.ImportReport | None = None,
                 node_names: bool = False) -> tvm.IRModule:
-    """``from_onnx`` with weights as constants; an unsupported operator is named, not traced.
+    """:func:`tvm_fusion.frontend.from_onnx` with weights as constants; a node that cannot be
+    imported is named, not traced.
 
     ``node_names=True`` spans every binding with the name of the ONNX node it came from
     (:mod:`tvm_fusion.onnx_names`: TVM's importer keeps none), for reports and pictures.
 
-    When the importer fails, the message names the operator it was converting (the importer
-    prints that to stdout, captured here) and, where ONNX's own strict shape inference rejects
-    the model too (a rank-0 input where an operator needs a 1-D tensor, say), ONNX's reason: the
-    model is at fault then, not TVM."""
+    Where ONNX's own strict shape inference rejects the model too (a rank-0 input where an
+    operator needs a 1-D tensor, say), the message gives ONNX's reason: the model is at fault
+    then, not TVM."""
     check_gather_indices(model)
     printed = io.StringIO()
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
             warnings.simplefilter("ignore")
-            if node_names:
-                return from_onnx_with_names(model, shape_dict)
-            return from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
-    except tvm.error.OpNotImplemented as err:
-        raise ModelError(_first_line(err)) from None
-    except Exception as err:  # noqa: BLE001 (the importer raises anything)
-        reason = _first_line(err)
+            return frontend.from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False,
+                                      report=report, node_names=node_names)
+    except frontend.FrontendError as err:
+        where, reason = err.where, err.reason
         _free_quietly(err)  # the failed import's BlockBuilder logs a C++ warning when freed
-    where = re.search(r"Error converting operator (\w+), with inputs: (\[.*\])", printed.getvalue())
-    at = f" at {where.group(1)} (inputs {where.group(2)})" if where else ""
+    except Exception as err:  # noqa: BLE001 (the importer raises anything)
+        where, reason = "TVM's ONNX importer", _first_line(err)
+        _free_quietly(err)
     invalid = _strict_inference_error(model)
     if invalid:
-        raise ModelError(f"invalid ONNX model{at}: {invalid}")
-    raise ModelError(f"TVM's ONNX importer failed{at}: {reason}")
+        raise ModelError(f"invalid ONNX model at {where}: {invalid}")
+    raise ModelError(f"{where}: {reason}")
+
+
+def load_model(path: str | os.PathLike):
+    """An ONNX file (:func:`load_onnx`) or a ``torch.export.save``\\ d program (``.pt2``,
+    :class:`tvm_fusion.frontend.TorchProgram`)."""
+    if frontend.is_program_path(path):
+        try:
+            return frontend.load_program(path)
+        except frontend.FrontendError as err:
+            raise ModelError(str(err)) from None
+    return load_onnx(path)
+
+
+def import_model(model, report: frontend.ImportReport | None = None,
+                 node_names: bool = False) -> tvm.IRModule:
+    """The Relax module of an ONNX model or a torch.export program (:func:`load_model`);
+    ``node_names``: an ONNX model's bindings spanned by their node names (:func:`import_onnx`;
+    a program's FX nodes are not named)."""
+    if isinstance(model, frontend.TorchProgram):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return model.import_module(report=report)
+        except frontend.FrontendError as err:
+            _free_quietly(err)
+            raise ModelError(f"{model.path}: {err}") from None
+    return import_onnx(model, report=report, node_names=node_names)
+
+
+def model_signature(model) -> onnx.ModelProto:
+    """What feeds a model (:mod:`tvm_fusion.feeds`): an ONNX model itself; a program's inputs
+    as an inputs-only ONNX graph."""
+    return model.signature if isinstance(model, frontend.TorchProgram) else model
+
+
+def default_sizes(model) -> dict[str, int]:
+    """Run sizes of a model's symbols when the user names none: a program's inside its
+    ranges (:meth:`~tvm_fusion.frontend.TorchProgram.default_sizes`); an ONNX model's from
+    :func:`tvm_fusion.symbolic.var_size` (nothing here)."""
+    return model.default_sizes() if isinstance(model, frontend.TorchProgram) else {}
+
+
+def reference_outputs(model, feeds: dict) -> list[np.ndarray]:
+    """The reference a build is checked against: ONNX Runtime for an ONNX model, PyTorch for
+    a torch.export program."""
+    if isinstance(model, frontend.TorchProgram):
+        return model.reference(feeds)
+    return onnx_reference(model, feeds)
+
+
+def model_nodes(model) -> int:
+    """Operators of the model as given (ONNX nodes, or FX operator nodes)."""
+    return model.nodes if isinstance(model, frontend.TorchProgram) else len(model.graph.node)
 
 
 def check_gather_indices(model: onnx.ModelProto) -> None:

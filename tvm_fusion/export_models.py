@@ -46,14 +46,25 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """How to build one model; ``build`` returns an eval-mode ``torch.nn.Module``."""
+    """How to build one model; ``build`` returns an eval-mode ``torch.nn.Module``.
+
+    ``symbolic`` names the dimensions that the symbolic exports (``--symbolic``) leave
+    symbolic, as ``(input, axis, name)``; with ``dynamic_in_zoo`` the zoo file itself keeps
+    them (a dynamic batch). ``precision`` ``"fp16"`` exports the model in half precision,
+    ``"int8"`` quantizes the fp32 export to QDQ int8 (ONNX Runtime's ``quantize_static``, a
+    small random calibration set). ``small`` is the same architecture in a tiny configuration,
+    for tests."""
 
     name: str
-    family: str  # "cnn" | "transformer" | "detector" | "video"
+    family: str  # "cnn" | "transformer" | "detector" | "video" | "audio" | "diffusion"
     build: Callable[[], object]
     inputs: tuple[InputSpec, ...]
     outputs: tuple[str, ...]
     note: str = ""
+    symbolic: tuple[tuple[str, int, str], ...] = ()
+    dynamic_in_zoo: bool = False
+    precision: str = "fp32"
+    small: "ModelSpec | None" = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,8 +194,9 @@ def _build_unet():
     return UNet()
 
 
-def _last_hidden_state(model):
-    """Wrap a transformers model so the graph has one plain output, ``last_hidden_state``."""
+def _last_hidden_state(model, output: str = "last_hidden_state"):
+    """Wrap a transformers model so the graph has one plain output (``last_hidden_state``, or
+    ``logits`` of a model with its head)."""
     import torch
 
     class LastHidden(torch.nn.Module):
@@ -197,12 +209,13 @@ def _last_hidden_state(model):
             # detection path, whose aten::diff the TorchScript exporter cannot translate.
             if attention_mask is None:
                 attention_mask = torch.ones_like(input_ids)
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask)
+            return getattr(out, output)
 
     return LastHidden(model)
 
 
-def _hf(model_cls: str, config_cls: str, model_kw=None, **cfg):
+def _hf(model_cls: str, config_cls: str, model_kw=None, output="last_hidden_state", **cfg):
     """Builder for a transformers encoder/decoder from its config class (no from_pretrained).
 
     Eager attention keeps the graph as plain MatMul/Softmax instead of an SDPA pattern.
@@ -212,9 +225,52 @@ def _hf(model_cls: str, config_cls: str, model_kw=None, **cfg):
         T = _transformers()
         config = getattr(T, config_cls)(attn_implementation="eager", **cfg)
         model = getattr(T, model_cls)(config, **(model_kw or {}))
-        return _last_hidden_state(model)
+        return _last_hidden_state(model, output)
 
     return build
+
+
+def _hf_audio(model_cls: str, config_cls: str, **cfg):
+    """Builder for a transformers speech encoder on raw audio (``input_values``)."""
+
+    def build():
+        import torch
+
+        T = _transformers()
+        config = getattr(T, config_cls)(attn_implementation="eager", **cfg)
+        model = getattr(T, model_cls)(config)
+
+        class Audio(torch.nn.Module):
+            def __init__(self, m):
+                super().__init__()
+                self.model = m
+
+            def forward(self, input_values):
+                return self.model(input_values=input_values).last_hidden_state
+
+        return Audio(model)
+
+    return build
+
+
+def _local(fn_name: str, **kw) -> Callable[[], object]:
+    """Builder for an architecture of :mod:`tvm_fusion.export_architectures`."""
+
+    def build():
+        from . import export_architectures
+
+        return getattr(export_architectures, fn_name)(**kw)
+
+    return build
+
+
+def _vit_small():
+    """ViT-B/16's architecture (torchvision) at image 32, patch 8, 2 layers, width 64."""
+    _import_torchvision()
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=4,
+                             hidden_dim=64, mlp_dim=128, num_classes=10)
 
 
 def _img(h=224, w=224) -> tuple[InputSpec, ...]:
@@ -229,6 +285,38 @@ def _tokens(vocab: int, with_mask: bool = True) -> tuple[InputSpec, ...]:
 
 
 BERT_VOCAB = 30522
+SMALL_VOCAB = 1000
+SEQ = (("input_ids", 1, "seq"), ("attention_mask", 1, "seq"))
+BATCH = (("input", 0, "batch"),)
+LLAMA = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=2,
+             num_attention_heads=8, num_key_value_heads=2, vocab_size=32000,
+             max_position_embeddings=2048, rms_norm_eps=1e-5, use_cache=False)
+SMALL_LLAMA = dict(LLAMA, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                   vocab_size=SMALL_VOCAB, max_position_embeddings=512)
+SMALL_BERT = dict(vocab_size=SMALL_VOCAB, hidden_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, intermediate_size=256)
+SMALL_GPT2 = dict(vocab_size=SMALL_VOCAB, n_embd=128, n_layer=2, n_head=4, use_cache=False,
+                  bos_token_id=0, eos_token_id=0)
+# the transformers models of Piece 1 (issue 24) in tiny configurations: same architecture,
+# seconds to export and compile
+SMALL: dict[str, ModelSpec] = {
+    s.name: s
+    for s in [
+        ModelSpec("bert_base", "transformer",
+                  _hf("BertModel", "BertConfig", model_kw={"add_pooling_layer": False},
+                      **SMALL_BERT),
+                  _tokens(SMALL_VOCAB), ("last_hidden_state",), symbolic=SEQ),
+        ModelSpec("gpt2_lm", "transformer",
+                  _hf("GPT2LMHeadModel", "GPT2Config", output="logits", **SMALL_GPT2),
+                  _tokens(SMALL_VOCAB, with_mask=False), ("logits",), symbolic=SEQ[:1]),
+        ModelSpec("llama_decoder", "transformer",
+                  _hf("LlamaModel", "LlamaConfig", **SMALL_LLAMA),
+                  _tokens(SMALL_VOCAB, with_mask=False), ("last_hidden_state",),
+                  symbolic=SEQ[:1]),
+        ModelSpec("vit_b16", "transformer", _vit_small, _img(32, 32), ("logits",),
+                  symbolic=BATCH),
+    ]
+}
 MODELS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -260,7 +348,8 @@ MODELS: dict[str, ModelSpec] = {
             note="local U-Net, widths 64..1024, 1 output class",
         ),
         ModelSpec("swin_t", "transformer", _tv("swin_t"), _img(), ("logits",)),
-        ModelSpec("vit_b16", "transformer", _tv("vit_b_16"), _img(), ("logits",)),
+        ModelSpec("vit_b16", "transformer", _tv("vit_b_16"), _img(), ("logits",),
+                  symbolic=BATCH, small=SMALL["vit_b16"]),
         ModelSpec(
             "tinybert",
             "transformer",
@@ -276,6 +365,7 @@ MODELS: dict[str, ModelSpec] = {
             _tokens(BERT_VOCAB),
             ("last_hidden_state",),
             note="TinyBERT General 4L-312D config",
+            symbolic=SEQ,
         ),
         ModelSpec(
             "distilbert",
@@ -283,6 +373,7 @@ MODELS: dict[str, ModelSpec] = {
             _hf("DistilBertModel", "DistilBertConfig"),
             _tokens(BERT_VOCAB),
             ("last_hidden_state",),
+            symbolic=SEQ,
         ),
         ModelSpec(
             "albert",
@@ -311,6 +402,8 @@ MODELS: dict[str, ModelSpec] = {
             _tokens(BERT_VOCAB),
             ("last_hidden_state",),
             note="bert-base-uncased config, no pooler",
+            symbolic=SEQ,
+            small=SMALL["bert_base"],
         ),
         ModelSpec(
             "mobilebert",
@@ -326,6 +419,75 @@ MODELS: dict[str, ModelSpec] = {
             _tokens(50257, with_mask=False),
             ("last_hidden_state",),
             note="GPT2Model (no LM head), gpt2 124M config, use_cache=False",
+            symbolic=SEQ[:1],
+        ),
+        # -- added with issue 19 (ten architectures the zoo lacked) and issue 24 --
+        ModelSpec(
+            "llama_decoder",
+            "transformer",
+            _hf("LlamaModel", "LlamaConfig", **LLAMA),
+            _tokens(32000, with_mask=False),
+            ("last_hidden_state",),
+            note="Llama-style decoder, 2 layers: GQA (8 heads, 2 KV heads), RoPE, RMSNorm, "
+                 "SwiGLU; hidden 512",
+            symbolic=SEQ[:1],
+            small=SMALL["llama_decoder"],
+        ),
+        ModelSpec(
+            "gpt2_lm",
+            "transformer",
+            _hf("GPT2LMHeadModel", "GPT2Config", output="logits", use_cache=False),
+            _tokens(50257, with_mask=False),
+            ("logits",),
+            note="GPT2LMHeadModel: gpt2 124M config with its tied 50257-word head",
+            symbolic=SEQ[:1],
+            small=SMALL["gpt2_lm"],
+        ),
+        ModelSpec("convnext_t", "cnn", _tv("convnext_tiny"), _img(), ("logits",),
+                  note="ConvNeXt-T: depthwise 7x7 convs, LayerNorm over channels"),
+        ModelSpec(
+            "yolov8n",
+            "detector",
+            _local("yolo_v8n"),
+            _img(320, 320),
+            ("head",),
+            note="YOLOv8-n backbone, neck and head (C2f Split/Concat, SPPF, SiLU), raw "
+                 "outputs without box decoding",
+        ),
+        ModelSpec(
+            "sd_unet_block",
+            "diffusion",
+            _local("sd_unet_block"),
+            (InputSpec("latent", (1, 320, 32, 32)), InputSpec("temb", (1, 1280)),
+             InputSpec("context", (1, 77, 768))),
+            ("out",),
+            note="Stable-Diffusion 1.x U-Net block: ResBlock (GroupNorm, SiLU, timestep "
+                 "embedding) + spatial transformer (self- and cross-attention, GEGLU)",
+        ),
+        ModelSpec("r2plus1d_18", "video", _tv("r2plus1d_18", "torchvision.models.video"),
+                  (InputSpec("input", (1, 3, 8, 112, 112)),), ("logits",),
+                  note="R(2+1)D-18: 3-D convs factorised into spatial and temporal ones"),
+        ModelSpec("mobilenet_v3_fp16", "cnn", _tv("mobilenet_v3_large"),
+                  (InputSpec("input", (1, 3, 224, 224), "float16"),), ("logits",),
+                  note="MobileNetV3-Large exported in half precision", precision="fp16"),
+        ModelSpec("resnet18_int8", "cnn", _tv("resnet18"), _img(), ("logits",),
+                  note="ResNet-18 quantized to QDQ int8 (onnxruntime quantize_static, "
+                       "random calibration)", precision="int8"),
+        ModelSpec("regnet_y_400mf", "cnn", _tv("regnet_y_400mf"), _img(), ("logits",),
+                  note="RegNetY-400MF (grouped convs, squeeze-excitation) with a dynamic batch",
+                  symbolic=BATCH, dynamic_in_zoo=True),
+        ModelSpec(
+            "wav2vec2",
+            "audio",
+            _hf_audio("Wav2Vec2Model", "Wav2Vec2Config", hidden_size=384, num_hidden_layers=4,
+                      num_attention_heads=6, intermediate_size=1536,
+                      conv_dim=(256,) * 7, feat_extract_norm="group",
+                      num_conv_pos_embeddings=64, num_conv_pos_embedding_groups=16,
+                      do_stable_layer_norm=False),
+            (InputSpec("input_values", (1, 16000)),),
+            ("last_hidden_state",),
+            note="wav2vec 2.0-style speech encoder: 7 strided 1-D convs (GroupNorm), a grouped "
+                 "positional conv, 4 transformer layers; 1 s of 16 kHz audio",
         ),
     ]
 }
@@ -341,18 +503,31 @@ def models_dir(out_dir: str | os.PathLike | None = None) -> Path:
     return Path(out_dir or os.environ.get(ENV_DIR) or "models")
 
 
-def random_inputs(spec: ModelSpec, seed: int = SEED) -> dict:
-    """Seeded numpy feeds matching the spec, for onnxruntime / TVM comparisons."""
+def random_inputs(spec: ModelSpec, seed: int = SEED, sizes: dict | None = None) -> dict:
+    """Seeded numpy feeds matching the spec, for onnxruntime / TVM comparisons; ``sizes``
+    (symbolic dimension name -> size) resizes the spec's symbolic dimensions."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     feeds = {}
     for inp in spec.inputs:
+        shape = list(inp.shape)
+        for name, axis, dim in spec.symbolic:
+            if name == inp.name and sizes and dim in sizes:
+                shape[axis] = sizes[dim]
         if inp.dtype == "int64":
-            feeds[inp.name] = rng.integers(inp.low, inp.high, inp.shape, dtype=np.int64)
+            feeds[inp.name] = rng.integers(inp.low, inp.high, shape, dtype=np.int64)
         else:
-            feeds[inp.name] = rng.standard_normal(inp.shape).astype(inp.dtype)
+            feeds[inp.name] = rng.standard_normal(shape).astype(inp.dtype)
     return feeds
+
+
+def dynamic_axes(spec: ModelSpec) -> dict[str, dict[int, str]]:
+    """``torch.onnx.export``'s ``dynamic_axes`` of the spec's symbolic dimensions."""
+    axes: dict[str, dict[int, str]] = {}
+    for name, axis, dim in spec.symbolic:
+        axes.setdefault(name, {})[axis] = dim
+    return axes
 
 
 def calibrate(model, spec: ModelSpec, batch: int = 4):
@@ -390,10 +565,13 @@ def _torch_export(model, args, path: Path, spec: ModelSpec) -> str:
 
     No ``torch.no_grad()`` here: under it ``nn.MultiheadAttention`` takes its fused fast path
     (``aten::_native_multi_head_attention``), which the TorchScript exporter cannot translate.
+    A spec with ``dynamic_in_zoo`` keeps its symbolic dimensions.
     """
     import torch
 
     common = dict(input_names=[i.name for i in spec.inputs], output_names=list(spec.outputs))
+    if spec.dynamic_in_zoo:
+        common["dynamic_axes"] = dynamic_axes(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -530,6 +708,11 @@ def onnx_stats(path: Path) -> tuple[int, float]:
     return len(model.graph.node), nbytes / 1e6
 
 
+# ONNX Runtime vs PyTorch, relative to the output's magnitude, per precision: fp16 rounds
+# differently in the two; int8 is ONNX Runtime's quantized model against PyTorch's fp32 one
+TOLERANCE = {"fp32": 1e-3, "fp16": 3e-2, "int8": 0.25}
+
+
 def verify(path: Path, spec: ModelSpec, feeds: dict, expected: list) -> float:
     """onnx.checker plus one onnxruntime run; returns the max abs error against PyTorch."""
     import numpy as np
@@ -539,6 +722,7 @@ def verify(path: Path, spec: ModelSpec, feeds: dict, expected: list) -> float:
     onnx.checker.check_model(str(path), full_check=True)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     outs = sess.run(None, feeds)
+    tolerance = TOLERANCE[spec.precision]
     if len(outs) != len(expected):
         raise RuntimeError(f"expected {len(expected)} outputs, got {len(outs)}")
     worst = 0.0
@@ -547,11 +731,35 @@ def verify(path: Path, spec: ModelSpec, feeds: dict, expected: list) -> float:
             raise RuntimeError(f"output shape {got.shape} != torch {ref.shape}")
         if not np.isfinite(got).all():
             raise RuntimeError("onnxruntime produced non-finite outputs")
-        err = float(np.max(np.abs(got - ref)))
-        if err > 1e-3 * (1.0 + float(np.max(np.abs(ref)))):
+        err = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))))
+        if err > tolerance * (1.0 + float(np.max(np.abs(ref)))):
             raise RuntimeError(f"onnxruntime differs from torch by {err:.3g}")
         worst = max(worst, err)
     return worst
+
+
+def quantize_qdq(src: Path, dst: Path, spec: ModelSpec, seed: int = SEED,
+                 samples: int = 8) -> None:
+    """``src`` quantized to QDQ int8 (weights and activations, symmetric, per tensor) by ONNX
+    Runtime's ``quantize_static``, calibrated on ``samples`` random inputs."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([random_inputs(spec, seed + 1 + i) for i in range(samples)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
 
 
 def _set_metadata(path: Path, spec: ModelSpec, exporter: str, seed: int, raw: bool) -> None:
@@ -565,7 +773,8 @@ def _set_metadata(path: Path, spec: ModelSpec, exporter: str, seed: int, raw: bo
         "tvm_fusion.family": spec.family,
         "tvm_fusion.weights": f"random (calibrated, see calibrate()), seed {seed}",
         "tvm_fusion.exporter": f"{exporter} torch={torch.__version__}",
-        "tvm_fusion.simplified": "none" if raw else "onnxruntime basic, fusions disabled",
+        "tvm_fusion.simplified": "none" if raw or spec.precision == "fp16"
+        else "onnxruntime basic, fusions disabled",
     }
     if spec.note:
         props["tvm_fusion.note"] = spec.note
@@ -586,20 +795,32 @@ def export_model(spec: ModelSpec, out_dir: Path, seed: int = SEED, raw: bool = F
     try:
         torch.manual_seed(seed)
         model = calibrate(spec.build().eval(), spec)
+        if spec.precision == "fp16":
+            model = model.half()
         feeds = random_inputs(spec, seed)
         args = tuple(torch.from_numpy(feeds[i.name]) for i in spec.inputs)
-        with torch.no_grad():
-            expected = model(*args)
-        expected = [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]
+        expected = _torch_outputs(model, args)
+        others = []  # a dynamic dimension is checked at a second size too
+        if spec.dynamic_in_zoo:
+            sizes = {dim: CHECK_SIZES[dim][-1] for _, _, dim in spec.symbolic}
+            more = random_inputs(spec, seed + 1, sizes)
+            others.append((more, _torch_outputs(model, tuple(
+                torch.from_numpy(more[i.name]) for i in spec.inputs))))
         res.exporter = _torch_export(model, args, tmp_raw, spec)
         del model
-        if raw:
+        if raw or spec.precision == "fp16":  # ORT's optimiser would wrap fp16 ops in Casts
             os.replace(tmp_raw, tmp)
         else:
             res.raw_nodes = onnx_stats(tmp_raw)[0]
             simplify(tmp_raw, tmp)
+        if spec.precision == "int8":
+            quantize_qdq(tmp, tmp_raw, spec, seed)
+            os.replace(tmp_raw, tmp)
+            res.exporter += "+qdq-int8"
         _set_metadata(tmp, spec, res.exporter, seed, raw)
         res.max_err = verify(tmp, spec, feeds, expected)
+        for more, outs in others:
+            res.max_err = max(res.max_err, verify(tmp, spec, more, outs))
         res.nodes, res.params_mb = onnx_stats(tmp)
         os.replace(tmp, final)
         res.ok = True
@@ -607,6 +828,90 @@ def export_model(spec: ModelSpec, out_dir: Path, seed: int = SEED, raw: bool = F
         res.error = _reason(err)
     finally:
         tmp_raw.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+    res.seconds = time.perf_counter() - start
+    return res
+
+
+def _torch_outputs(model, args) -> list:
+    import torch
+
+    with torch.no_grad():
+        out = model(*args)
+    return [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
+
+
+# --------------------------------------------------------------------------------------------
+# Symbolic exports (issue 24): the transformer models with a symbolic sequence (or batch),
+# through both ONNX exporters and torch.export, raw (no simplification: the frontend's job)
+# --------------------------------------------------------------------------------------------
+
+SYMBOLIC_EXPORTERS = ("dynamo", "torchscript", "torch_export")
+# sizes traced at (a batch of 1 would be specialised by torch.export) and checked at
+TRACE_SIZES = {"seq": SEQ_LEN, "batch": 2}
+CHECK_SIZES = {"seq": (7, 200), "batch": (1, 3)}
+
+
+def symbolic_path(out_dir: Path, spec: ModelSpec, exporter: str) -> Path:
+    """Where ``--symbolic`` writes a model: ``<zoo>/symbolic/<name>.<exporter>.onnx|.pt2``."""
+    suffix = "pt2" if exporter == "torch_export" else "onnx"
+    return out_dir / "symbolic" / f"{spec.name}.{exporter}.{suffix}"
+
+
+def export_symbolic(spec: ModelSpec, exporter: str, out_dir: Path, seed: int = SEED
+                    ) -> Result:
+    """Export ``spec`` with its ``symbolic`` dimensions left symbolic by ``exporter``
+    (:data:`SYMBOLIC_EXPORTERS`), check it at two sizes of each against PyTorch (ONNX Runtime
+    for ONNX files, the program's own module for torch.export), then move it into place."""
+    import torch
+
+    res = Result(f"{spec.name}.{exporter}")
+    start = time.perf_counter()
+    final = symbolic_path(out_dir, spec, exporter)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        if not spec.symbolic:
+            raise ValueError(f"{spec.name} has no symbolic dimensions")
+        torch.manual_seed(seed)
+        model = calibrate(spec.build().eval(), spec)
+        trace = random_inputs(spec, seed, TRACE_SIZES)
+        args = tuple(torch.from_numpy(trace[i.name]) for i in spec.inputs)
+        names = [i.name for i in spec.inputs]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if exporter == "torch_export":
+                axes = dynamic_axes(spec)
+                shapes = tuple({a: torch.export.Dim.AUTO for a in axes.get(n, {})}
+                               for n in names)
+                program = torch.export.export(model, args, dynamic_shapes=shapes)
+                torch.export.save(program, str(tmp))
+                res.exporter = "torch.export"
+            else:
+                torch.onnx.export(model, args, str(tmp), dynamo=exporter == "dynamo",
+                                  opset_version=DYNAMO_OPSET if exporter == "dynamo" else OPSET,
+                                  input_names=names, output_names=list(spec.outputs),
+                                  dynamic_axes=dynamic_axes(spec),
+                                  **({"external_data": False} if exporter == "dynamo" else {}))
+                res.exporter = f"{exporter}/opset" + str(
+                    DYNAMO_OPSET if exporter == "dynamo" else OPSET)
+        for i in range(2):
+            sizes = {dim: CHECK_SIZES[dim][i] for _, _, dim in spec.symbolic}
+            feeds = random_inputs(spec, seed + i, sizes)
+            expected = _torch_outputs(model, tuple(torch.from_numpy(feeds[n]) for n in names))
+            if exporter == "torch_export":
+                got = _torch_outputs(torch.export.load(str(tmp)).module(),
+                                     tuple(torch.from_numpy(feeds[n]) for n in names))
+                res.max_err = max(res.max_err, max(float(abs(g - e).max())
+                                                   for g, e in zip(got, expected, strict=True)))
+            else:
+                res.max_err = max(res.max_err, verify(tmp, spec, feeds, expected))
+        res.nodes = onnx_stats(tmp)[0] if exporter != "torch_export" else 0
+        os.replace(tmp, final)
+        res.ok = True
+    except Exception as err:  # report, go on with the next model
+        res.error = _reason(err)
+    finally:
         tmp.unlink(missing_ok=True)
     res.seconds = time.perf_counter() - start
     return res
@@ -662,6 +967,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--raw", action="store_true", help="keep the exporter's graph (no shape folding)"
     )
+    parser.add_argument(
+        "--symbolic", action="store_true",
+        help="write the models with symbolic dimensions (sequence or batch) to <out>/symbolic/, "
+             "raw, through each of --exporters; --small: their tiny configurations (tests)")
+    parser.add_argument("--exporters", default=",".join(SYMBOLIC_EXPORTERS),
+                        help=f"with --symbolic: a subset of {','.join(SYMBOLIC_EXPORTERS)}")
+    parser.add_argument("--small", action="store_true",
+                        help="with --symbolic: the tiny configurations of the models")
     args = parser.parse_args(argv)
 
     out_dir = models_dir(args.out)
@@ -680,6 +993,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<16} {spec.family:<12} {state:<18} {shapes}  {spec.note}")
         return 0
 
+    if args.symbolic:
+        return _main_symbolic(args, names, out_dir, parser)
+
     failed = False
     for name in names:
         path = out_dir / f"{name}.onnx"
@@ -692,6 +1008,30 @@ def main(argv: list[str] | None = None) -> int:
             res.tvm = tvm_import_check(path)
         failed |= not res.ok
         print(res.line(), flush=True)
+    return 1 if failed else 0
+
+
+def _main_symbolic(args, names: list[str], out_dir: Path, parser) -> int:
+    exporters = [e.strip() for e in args.exporters.split(",") if e.strip()]
+    unknown = [e for e in exporters if e not in SYMBOLIC_EXPORTERS]
+    if unknown:
+        parser.error(f"unknown exporter(s) {unknown}; known: {', '.join(SYMBOLIC_EXPORTERS)}")
+    registry = SMALL if args.small else MODELS
+    if args.small:
+        out_dir = out_dir / "small"
+    failed = False
+    for name in names:
+        spec = registry.get(name)
+        if spec is None or not spec.symbolic:
+            continue
+        for exporter in exporters:
+            path = symbolic_path(out_dir, spec, exporter)
+            if path.exists() and not args.force:
+                res = Result(f"{name}.{exporter}", ok=True, cached=True)
+            else:
+                res = export_symbolic(spec, exporter, out_dir, args.seed)
+            failed |= not res.ok
+            print(res.line(), flush=True)
     return 1 if failed else 0
 
 

@@ -2,9 +2,9 @@
 
 TVM 0.27's ONNX importer (``relax.frontend.onnx``) keeps no node names: every binding is an
 ``lv``. To say which ONNX node an operator of a fusion plan came from (the plan's picture, issue
-25), :func:`from_onnx_with_names` imports through a subclass of TVM's importer that records
-the expression each node converts to, then gives every binding of ``main`` a ``Span`` whose
-source name is that node's name:
+25), the project's importer (:mod:`tvm_fusion.frontend`, a subclass of TVM's) records the
+expressions each node converts to, and :func:`name_bindings` gives every binding of ``main`` a
+``Span`` whose source name is that node's name (``frontend.from_onnx(..., node_names=True)``):
 
 * a binding whose value (or variable) *is* a node's result object is that node's;
 * a binding the importer emitted inside a node's conversion (a Conv's bias reshape, the steps
@@ -19,57 +19,30 @@ ECG's ``node.var`` still carries its ONNX name. An operator that a pass made fro
 
 from __future__ import annotations
 
-import onnx
 import tvm
 from tvm import relax
-from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter
 
-__all__ = ["SOURCE_SEPARATOR", "bind_like", "from_onnx_with_names", "joined_span", "node_name",
+__all__ = ["SOURCE_SEPARATOR", "bind_like", "joined_span", "name_bindings", "node_name",
            "node_names"]
 
 SOURCE_SEPARATOR = " + "  # between the names of a binding that merged several (a fused group)
 
 
-class _RecordingImporter(ONNXGraphImporter):
-    """TVM's importer, noting each converted node's name and the expressions it produced."""
-
-    def __init__(self, graph: onnx.GraphProto, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.results: list[tuple[str, list]] = []
-        self._pending = [n for n in graph.node if n.op_type != "If"]  # converted in order
-
-    def _convert_operator(self, op_name, inputs, attrs, opset):
-        sym = super()._convert_operator(op_name, inputs, attrs, opset)
-        name = str(attrs.get("tvm_custom", {}).get("name", "") or "")
-        head = self._pending[0] if self._pending else None
-        if head is not None and head.op_type == op_name and head.name == name:
-            self._pending.pop(0)  # a node of the main graph (not of an If's branch)
-            outputs = [o for o in head.output if o]
-            if not name and outputs:  # an unnamed node: named by its output tensor
-                name = f"{op_name} → {outputs[0]}"
-        fields = list(sym.fields) if isinstance(sym, relax.Tuple) else [sym]
-        self.results.append((name or op_name, fields))
-        return sym
-
-
-def from_onnx_with_names(model: onnx.ModelProto, shape_dict: dict | None = None
-                         ) -> tvm.IRModule:
-    """``relax.frontend.onnx.from_onnx(model, shape_dict, keep_params_in_input=False)``, with
-    every binding of ``main`` spanned by the name of the ONNX node it came from."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    importer = _RecordingImporter(model.graph, shape_dict, "float32",
-                                  keep_params_in_input=False, sanitize=True)
-    mod = importer.from_onnx(model.graph, opset)
+def name_bindings(mod: tvm.IRModule, results) -> tvm.IRModule:
+    """``mod`` with every binding of ``main`` spanned by the name of the ONNX node it came
+    from; ``results`` lists, per converted node in order, ``(name, expressions)``: the node's
+    name and the expressions its conversion produced (what an importer records,
+    :class:`tvm_fusion.frontend.onnx_import.RepairingImporter`)."""
     origin: dict = {}
-    for name, fields in importer.results:
-        for expr in fields:
+    for name, exprs in results:
+        for expr in exprs:
             origin.setdefault(expr, name)
     mod["main"] = _Spanner(origin).visit_expr(mod["main"])
     return mod
 
 
 def node_name(var: relax.Var) -> str | None:
-    """The ONNX node ``var``'s binding came from (:func:`from_onnx_with_names`), or None;
+    """The ONNX node ``var``'s binding came from (:func:`name_bindings`), or None;
     several joined by :data:`SOURCE_SEPARATOR` when a pass merged their bindings."""
     span = getattr(var, "span", None)
     source = getattr(span, "source_name", None) if span is not None else None

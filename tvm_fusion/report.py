@@ -19,16 +19,20 @@ from .compile import (
     ModelError,
     compile_model,
     count_kernels,
+    default_sizes,
     fuse,
     graph_input_names,
-    import_onnx,
+    import_model,
+    model_nodes,
+    model_signature,
+    reference_outputs,
     run,
 )
 from .devices import require_device
 from .feeds import random_inputs, run_shapes
 from .instrument import Collector
 from .memory import planned_memory
-from .numerics import check_outputs, max_abs_error, onnx_reference
+from .numerics import check_outputs, max_abs_error
 from .relay_passes.plan_fusion import ModulePlan
 from .relay_passes.rejection import describe
 from .symbolic import symbolic_hints
@@ -75,6 +79,9 @@ class ModelReport:
     # fp16 accumulation order): tvm_fusion agrees with stock TVM there, so the check passes
     check_notes: list[str] = field(default_factory=list)
     run_shapes: dict = field(default_factory=dict)  # symbolic dims/inputs: the sizes checked
+    # what the model came as: "ONNX" (nodes: ONNX nodes; reference: ONNX Runtime) or
+    # "torch.export" (nodes: FX operators; reference: PyTorch)
+    source: str = "ONNX"
     # activation memory of a run (tvm_fusion.memory: planned storage + run-time allocations +
     # the largest kernel workspace), stock FuseOps' grouping and tvm_fusion's, same schedules
     activation_bytes_stock: int | None = None
@@ -93,7 +100,8 @@ class ModelReport:
 def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", check: bool = True,
                 seed: int = 0, input_shapes: dict | None = None, artifacts: dict | None = None,
                 **options) -> ModelReport:
-    """Plan, compile and (optionally) check one ONNX model.
+    """Plan, compile and (optionally) check one ONNX model (or a torch.export program,
+    :func:`tvm_fusion.compile.load_model`, checked against PyTorch).
 
     A model with symbolic dimensions is planned and compiled once, symbolic; the check runs it
     at ``input_shapes`` (graph input -> shape, or ``dim_param`` -> size; the rest at the sizes
@@ -104,7 +112,7 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
     if check:  # before minutes of building: the check runs the model on the target's device
         require_device(target, "the check runs the model: pass check=False (--no-check) to "
                                "plan and compile without running")
-    mod = import_onnx(model, node_names=True)  # the picture names operators by ONNX node
+    mod = import_model(model, node_names=True)  # the picture names operators by ONNX node
     stock_mod = fuse(mod, target, strategy="tvm")
     collector = Collector()
     with tvm.transform.PassContext(instruments=[collector]):
@@ -121,7 +129,8 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
 
     report = ModelReport(
         name=name,
-        onnx_nodes=len(model.graph.node),
+        onnx_nodes=model_nodes(model),
+        source="ONNX" if model_signature(model) is model else "torch.export",
         operators=original.num_operators,
         compute_intensive=sum(n.compute_intensive for n in nodes),
         memory_intensive=sum(not n.compute_intensive for n in nodes),
@@ -162,31 +171,42 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         report.opaque += [f"{n.op_name}: {n.reason}" for n in plan.ecg.nodes if not n.fusible]
         report.conv_chains += [_chain_row(plan.ecg, d) for d in getattr(plan, "conv_chains", [])]
 
-    with symbolic_hints(options.get("symbolic_hint")):
-        shapes = run_shapes(model, input_shapes)  # validated even when nothing runs
+    signature = model_signature(model)
+    with symbolic_hints(default_sizes(model)), symbolic_hints(options.get("symbolic_hint")):
+        shapes = run_shapes(signature, input_shapes)  # validated even when nothing runs
     if check:
         report.run_shapes = {k: list(v) if isinstance(v, tuple) else v
                              for k, v in shapes.items()}
-        feeds = random_inputs(model, seed=seed, shape_overrides=shapes)
-        order = graph_input_names(model)
+        feeds = random_inputs(signature, seed=seed, shape_overrides=shapes)
+        order = graph_input_names(signature)
         inputs = [feeds[k] for k in order]
         ours = run(compile_model(mod, target, **options), inputs)
         try:  # stock TVM 0.27 fails on some models tvm_fusion builds (fp16 batch norm)
             stock = run(compile_model(mod, target, strategy="tvm"), inputs)
         except Exception as err:  # noqa: BLE001 (TVM raises several types)
             stock = None
-            report.check_notes.append(f"stock TVM does not build the model "
-                                      f"({_first_line(err)}): checked against ONNX Runtime only")
+            report.check_notes.append(
+                f"stock TVM does not build the model ({_first_line(err)}): checked against "
+                f"{'PyTorch' if signature is not model else 'ONNX Runtime'} only")
         try:
-            reference = onnx_reference(model, feeds)
+            reference = reference_outputs(model, feeds)
         except Exception as err:  # noqa: BLE001 (ONNX Runtime raises its own untyped errors)
-            raise ModelError(f"{name}: the reference (ONNX Runtime) cannot run the model "
+            which = "PyTorch" if signature is not model else "ONNX Runtime"
+            raise ModelError(f"{name}: the reference ({which}) cannot run the model "
                              f"({_first_line(err)}); --no-check skips the check") from None
         if stock is not None:
             report.max_error_vs_stock = max_abs_error(ours, stock)
         report.max_error_vs_onnx = max_abs_error(ours, reference)
         report.check_notes += check_outputs(ours, stock, reference)
     return report
+
+
+def _nodes_word(report: ModelReport) -> str:
+    return "FX operators" if report.source == "torch.export" else "ONNX nodes"
+
+
+def _reference_word(report: ModelReport) -> str:
+    return "pytorch" if report.source == "torch.export" else "onnx"
 
 
 def _plan_only(mod, target, symbolic_hint=None) -> ModulePlan:
@@ -200,7 +220,8 @@ def _plan_only(mod, target, symbolic_hint=None) -> ModulePlan:
 def format_report(report: ModelReport, why: bool = False) -> str:
     """Human-readable text of a report; ``why`` adds every rejected pair and yellow decision."""
     lines = [
-        f"model {report.name}: {report.onnx_nodes} ONNX nodes, {report.operators} operators "
+        f"model {report.name}: {report.onnx_nodes} {_nodes_word(report)}, "
+        f"{report.operators} operators "
         f"({report.compute_intensive} compute-, {report.memory_intensive} memory-intensive)",
         f"  kernels: stock TVM {report.stock_kernels}, tvm_fusion {report.fused_kernels} "
         f"(anchor bound {report.anchor_bound}; fusion rate {report.fusion_rate:.2f})",
@@ -226,7 +247,8 @@ def format_report(report: ModelReport, why: bool = False) -> str:
         vs_stock = ("n/a" if report.max_error_vs_stock is None
                     else f"{report.max_error_vs_stock:.3g}")
         lines.append(f"  numerics: max |tvm_fusion - stock| = {vs_stock}, "
-                     f"max |tvm_fusion - onnx| = {report.max_error_vs_onnx:.3g}")
+                     f"max |tvm_fusion - {_reference_word(report)}| = "
+                     f"{report.max_error_vs_onnx:.3g}")
         lines += [f"    {note}" for note in report.check_notes]
     lines.append("  fusion blocks:")
     for block in report.blocks:

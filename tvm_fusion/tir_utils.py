@@ -114,7 +114,10 @@ def is_reduction_block(block) -> bool:
 
 
 def shape_numel(shape) -> int | None:
-    """Number of elements of a static shape, None when a dimension is symbolic."""
+    """Number of elements of a static shape, None when a dimension is symbolic or the shape
+    is unknown (a data-dependent result: NonZero's)."""
+    if shape is None:
+        return None
     total = 1
     for dim in shape:
         value = const_int(dim)

@@ -182,13 +182,20 @@ def build_ecg(
             found |= runtime_dims.get(tvar.name, set())
         return found
 
+    # sizes known before a binding (the function's inputs define them): a match_cast that only
+    # restates one (a shape pinned to the exporter's) reads nothing at run time
+    known_dims: set[str] = set()
     for pos, binding in enumerate(bindings):
         var, value = binding.var, binding.value
+        for used in relax.analysis.free_vars(value):
+            known_dims.update(v.name for v in relax.analysis.tir_vars_in_type(used.ty))
         if not isinstance(var, relax.DataflowVar):
             outputs_of_block.add(var)
         if isinstance(binding, relax.MatchCast):
             for tvar in relax.analysis.definable_tir_vars_in_type(binding.ty):
-                runtime_dims.setdefault(tvar.name, set()).update(sources(value))
+                if tvar.name not in known_dims:
+                    runtime_dims.setdefault(tvar.name, set()).update(sources(value))
+        known_dims.update(v.name for v in relax.analysis.tir_vars_in_type(var.ty))
         if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
             owner = var_to_node.get(value.tuple_value)
             if owner is not None:

@@ -110,6 +110,9 @@ class _GroupRewriter(relax.PyExprMutator):
         name = _function_name(group)
         params = [relax.Var(v.name, v.ty) for v in inputs]
         cparams = [relax.Var(f"param_{i}", c.ty) for i, c in enumerate(consts)]
+        sizes = _sizes_not_in_params(group, params)
+        if sizes:  # passed as a shape, which FuseTIR turns into the PrimFunc's size arguments
+            cparams.append(relax.Var("sizes", relax.ShapeType(sizes)))
         inner = relax.BlockBuilder()
         subst = _Substitute(dict(zip(inputs, params)), list(zip(consts, cparams)))
         with inner.function(name, params + cparams, attrs={"Primitive": True}, private=True):
@@ -122,7 +125,8 @@ class _GroupRewriter(relax.PyExprMutator):
             inner.emit_func_output(ret)
         gvar = self.builder_.add_func(inner.get()[name], name)
 
-        call = relax.Call(gvar, [self.visit_expr(v) for v in inputs] + consts)
+        call = relax.Call(gvar, [self.visit_expr(v) for v in inputs] + consts + (
+            [relax.ShapeExpr(sizes)] if sizes else []))
         span = _joined_span(group)
         if len(outputs) == 1:
             self._bind(outputs[0], call, span)
@@ -136,6 +140,26 @@ class _GroupRewriter(relax.PyExprMutator):
         ``span`` (where the group's bindings came from: tvm_fusion.onnx_names)."""
         new_var = bind_like(self.builder_, old_var, value, span)
         self.set_var_remap(old_var.vid if hasattr(old_var, "vid") else old_var, new_var)
+
+
+def _sizes_not_in_params(group, params) -> list:
+    """Symbolic sizes the group's operators use that no parameter's shape defines.
+
+    A parameter of shape ``(batch * 4, 17)`` does not define ``batch``, so a group that
+    reshapes it to ``(batch, 4, 17)`` would return a tensor of unknown shape (and fail in
+    ``call_tir`` lowering). Stock FuseOps avoids such groups by keeping a reshape like that
+    alone (its pattern is opaque); the group passes these sizes as a shape argument instead."""
+    defined = set()
+    for param in params:
+        defined |= set(relax.analysis.definable_tir_vars_in_type(param.ty))
+    missing = []
+    for binding in group:
+        used = list(relax.analysis.tir_vars_in_type(binding.var.ty)) + list(
+            relax.analysis.free_symbolic_vars(binding.value))
+        for var in used:
+            if var not in defined and not any(var.same_as(m) for m in missing):
+                missing.append(var)
+    return missing
 
 
 def _joined_span(group) -> tvm.ir.Span | None:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import sym, tirx
+from tvm.s_tir import SBlock, SBlockRealize
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
@@ -301,7 +302,10 @@ def build_cpu_attention(pattern: AttentionPattern, params: CpuParams,
     """The attention as one generated PrimFunc with ``pattern.func``'s signature, and notes."""
     tiles = tiles or choose_tiles(pattern, params, _static(pattern.sq))
     emitter = _CpuEmitter(pattern, tiles, params.cores)
-    body = emitter.emit()
+    # under a root block, as a scheduled PrimFunc's body is: TVM's RewriteDataflowReshape
+    # (Relax lowering, memory planning) asserts that of every kernel a call_tir with one input
+    # calls (an attention of packed Q/K/V failed with "func->body->IsInstance<SBlockRealize>")
+    body = SBlockRealize([], tirx.const(True, "bool"), SBlock([], [], [], "root", emitter.emit()))
     func = pattern.func
     result = tirx.PrimFunc(list(func.params), body, func.ret_type, func.attrs)
     result = result.with_attr("tirx.noalias", True)

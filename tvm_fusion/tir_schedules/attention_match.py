@@ -706,7 +706,9 @@ def is_row_softmax(func: tirx.PrimFunc) -> bool:
 
 
 def is_pure_cast(func: tirx.PrimFunc) -> bool:
-    """One block that stores a float-to-float cast of its input at the same index."""
+    """One block that stores a float-to-float cast of its input at the same index, or a copy
+    of it (``astype`` to its own dtype: TorchScript's GPT-2 export casts the probabilities to
+    float32 before P·V, and TVM legalizes that to a copy)."""
     try:
         defs = _definitions(func)
     except NotAttention:
@@ -715,8 +717,8 @@ def is_pure_cast(func: tirx.PrimFunc) -> bool:
         return False
     (d,) = defs.values()
     value = d.value
-    return (not d.is_reduction and isinstance(value, tirx.Cast)
-            and isinstance(value.value, TensorLoad) and _is_float(str(value.ty))
-            and _is_float(str(value.value.ty))
+    load = value.value if isinstance(value, tirx.Cast) else value
+    return (not d.is_reduction and isinstance(load, TensorLoad) and _is_float(str(value.ty))
+            and _is_float(str(load.ty))
             and all(isinstance(ix, tvm.ir.Var) and ix.same_as(v)
-                    for ix, v in zip(value.value.indices, d.spatial)))
+                    for ix, v in zip(load.indices, d.spatial)))

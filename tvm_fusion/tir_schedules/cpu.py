@@ -30,7 +30,7 @@ from .cpu_tile import (
     tile_shapes,
     transpose_to_vector_axis,
 )
-from .loops import loop_extent, loops_by_var, parallelize, vectorize_inner
+from .loops import loop_extent, loop_size, loops_by_var, parallelize, vectorize_inner
 
 
 def schedule_cpu(sch: s_tir.Schedule, params: CpuParams, tile: bool = True,
@@ -141,6 +141,8 @@ def _schedule_spatial_sink(sch, sink, facts: BlockFacts, group: list, params: Cp
         for block_rv in reversed(group):
             name = sch.get(block_rv).name_hint
             at = _shallowest_same_work(sch, block_rv, loops, depth)
+            if _recomputes(sch, block_rv, loops[at]):
+                continue  # stays at the root; scheduled as a sink of its own later
             try:
                 sch.compute_at(block_rv, loops[at], preserve_unit_loops=True)
             except s_tir.ScheduleError:
@@ -167,6 +169,30 @@ def _schedule_spatial_sink(sch, sink, facts: BlockFacts, group: list, params: Cp
     work = facts.volume() * (2 + facts.cost) * (1 + len(attached))
     par = parallelize(sch, sch.get_loops(sink)[: depth + 1], work, params)
     return f"{facts.name}: rows of {', '.join(parts)}; {vec}; {par}"
+
+
+# A stage attached per row may do at most this much more work than at the root (halos of a
+# window, rounding of a split); more means TVM bounded its region per row by (nearly) all of it.
+RECOMPUTE_LIMIT = 1.5
+
+
+def _recomputes(sch: s_tir.Schedule, block_rv, loop) -> bool:
+    """True when ``compute_at(block_rv, loop)`` would redo most of the stage for every row.
+
+    TVM bounds the region a row needs from the sink's index expressions; where a symbolic
+    reshape left them as ``(i * seq + j) // seq % 4`` (no analyzer proves ``seq > 0`` in the
+    PrimFunc), the bound is the whole tensor, and a GEMM attached per row ran once per row:
+    GPT-2's attention scores at seq 64 took 6 s instead of 0.1 ms."""
+    def work(s, rv) -> int:
+        return int(np.prod([loop_size(s, lp) for lp in s.get_loops(rv)], dtype=np.int64))
+
+    before = work(sch, block_rv)
+    trial = sch.copy()
+    try:
+        trial.compute_at(block_rv, loop, preserve_unit_loops=True)
+    except s_tir.ScheduleError:
+        return False  # the real attempt fails the same way and handles it
+    return work(trial, block_rv) > RECOMPUTE_LIMIT * max(before, 1)
 
 
 def _shallowest_same_work(sch: s_tir.Schedule, block_rv, loops: list, depth: int) -> int:

@@ -278,7 +278,10 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
         outer = others + [v_o]
     elif plan.u_window:  # row-major through the input: consecutive tiles share window rows
         outer = others + [u_o, v_o]
-    elif plan.u_stationary:
+    elif plan.u_stationary or plan.u in facts.symbolic_iters:
+        # a symbolic u outermost: inner to a fused parallel loop it would be taken modulo the
+        # symbolic tile count, which keeps TVM from bounding the accumulator to one tile (it
+        # stayed (seq, 256) in memory: 13 ms instead of 1 ms on a 200 x 128 x 256 GEMM)
         outer = [u_o] + others + [v_o]
     else:
         outer = others + [v_o, u_o]

@@ -48,6 +48,7 @@ from .records import (
     restore_symbol,
 )
 from .rounding import fence_producers
+from .symbolic_indices import simplify_symbolic_indices
 
 
 def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = True,
@@ -60,9 +61,13 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
     :mod:`.cpu_gemm` (with ``tile``); otherwise the register-tile rule."""
     base = hoist_independent_stages(refresh_access_regions(
         fence_producers(protect_negations(func))))
-    base = base.with_attr("global_symbol", "main")
+    base = simplify_symbolic_indices(base).with_attr("global_symbol", "main")
     sch = s_tir.Schedule(base)
     kept, inlined = inline_producers(sch) if inline else ({}, [])
+    if inline:  # inlining composes the indices of reshapes over symbolic sizes: simplify them
+        simplified = simplify_symbolic_indices(sch.mod["main"])
+        if not simplified.same_as(sch.mod["main"]):
+            sch = s_tir.Schedule(simplified)
     sites, gemm_notes = prepare_packed_gemms(sch, params) if tile and packed_gemm else ([], [])
     skip = {s.gemm for s in sites} | {s.writeback for s in sites}
     notes = schedule_cpu(sch, params, tile=tile, kept=kept, skip=skip)

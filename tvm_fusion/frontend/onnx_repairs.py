@@ -1,0 +1,184 @@
+"""Converters that replace TVM 0.27's where a symbolic export defeats them.
+
+Each repair names the TVM behaviour it works around. A converter returns None where it does
+not apply (its inputs are not the values it needs), and TVM's own converter runs instead, so a
+repair never makes an import that worked fail. ``ctx`` is the importer
+(:class:`.onnx_import.RepairingImporter`): its block builder, analyzer and values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from tvm import relax, tirx
+
+from .shape_values import is_concrete
+
+__all__ = ["CONVERTERS", "REPAIRS"]
+
+CONVERTERS: dict[str, Callable] = {}
+
+
+def _converter(op_type: str, repair: str):
+    def register(fn):
+        fn.repair = repair
+        CONVERTERS[op_type] = fn
+        return fn
+    return register
+
+
+def _dims(ctx, expr) -> list | None:
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    return [ctx.analyzer.simplify(d) for d in ty.shape]
+
+
+def _is(ctx, dim, number: int) -> bool:
+    return ctx.analyzer.equal(dim, number)
+
+
+def _prim(value):
+    return tirx.IntImm("int64", value) if isinstance(value, int) else value
+
+
+def _shape_expr(dims) -> relax.ShapeExpr:
+    return relax.ShapeExpr([_prim(d) for d in dims])
+
+
+# --------------------------------------------------------------------------------------------
+# Expand
+# --------------------------------------------------------------------------------------------
+
+
+def _prefer(ctx, a, b):
+    """Of two dimensions that must be equal (neither is 1), the one to keep: a plain graph
+    dimension over an expression (``seq`` over ``min(seq, 512)``), else the shorter."""
+    def rank(dim):
+        if isinstance(dim, int):
+            return (0, 0)
+        free = tirx.analysis.undefined_vars(dim, [])
+        known = all(v.name in ctx.analyzer.dims for v in free)
+        return (1 if known else 2, len(str(dim)))
+    return a if rank(a) <= rank(b) else b
+
+
+def _cast_dims(ctx, expr, dims):
+    """``expr`` match-cast to ``dims``: a run-time check that the dimensions agree. The shape
+    is forgotten first: TVM 0.27 segfaults compiling a match_cast from one shape expression to
+    another (``(1, max(s, 0))`` to ``(1, s)``, in KillAfterLastUse)."""
+    dtype = expr.ty.dtype
+    if expr.ty.shape is not None:
+        expr = ctx.bb.match_cast(expr, relax.TensorType(ndim=len(dims), dtype=dtype))
+    return ctx.bb.match_cast(expr, relax.TensorType([_prim(d) for d in dims], dtype))
+
+
+@_converter("Expand", "expand")
+def expand(ctx, node, attr, inputs, values):
+    """Broadcast to a target known as (symbolic) values, by ONNX's rules per dimension.
+
+    TVM's Expand, given a symbolic target (a ``ShapeExpr``), pads only the *input's* shape to
+    the target's rank and asserts they match (``AssertionError``): ONNX's broadcast is
+    bidirectional, and a target shorter than the input (``Expand(x, Shape(x)[1:])``) is
+    valid. It also reads the input's shape as a list (``'NoneType' object is not iterable``
+    when unknown). Here both sides are padded; each dimension is the input's where the
+    target's is 1 (or ``-1``, which torch writes), the target's where the input's is 1, and
+    where both are symbolic and unequal the simpler one, the input match-cast to it
+    (checked at run time)."""
+    data, target = inputs[0], values[1]
+    data_dims = _dims(ctx, data)
+    if target is None or target.ndim != 1 or data_dims is None:
+        return None
+    if is_concrete(target) and all(isinstance(d, int) for d in data_dims):
+        return None  # all static: TVM's converter does it
+    want = list(target.flat)
+    rank = max(len(data_dims), len(want))
+    have = [1] * (rank - len(data_dims)) + data_dims
+    want = [1] * (rank - len(want)) + want
+    out, cast = [], list(have)
+    for i, (a, b) in enumerate(zip(have, want)):
+        if _is(ctx, b, 1) or _is(ctx, b, -1) or ctx.analyzer.equal(a, b):
+            out.append(a)
+        elif _is(ctx, a, 1):
+            out.append(b)
+        else:
+            keep = _prefer(ctx, a, b)
+            out.append(keep)
+            cast[i] = keep
+    if cast != have:
+        data = _cast_dims(ctx, data, cast[rank - len(data_dims):])
+    if len(out) == len(data_dims) and all(ctx.analyzer.equal(a, b) for a, b in zip(have, out)):
+        return data
+    return relax.op.broadcast_to(data, _shape_expr(out))
+
+
+# --------------------------------------------------------------------------------------------
+# ConstantOfShape
+# --------------------------------------------------------------------------------------------
+
+
+@_converter("ConstantOfShape", "constant_of_shape")
+def constant_of_shape(ctx, node, attr, inputs, values):
+    """A tensor of the ``value`` attribute's element, of a (symbolic) shape.
+
+    TVM's ConstantOfShape broadcasts the attribute's one-element 1-D tensor, which fails for
+    an empty shape (a scalar: "broadcast_to expects the input shape to have the number of
+    ndim at least as the input tensor's", written by the TorchScript exporter for
+    ``torch.full((), …)``), and gives a run-time shape ``tensor_to_shape`` variables."""
+    shape = values[0]
+    if shape is None or shape.ndim != 1:
+        return None
+    fill = attr.get("value")
+    array = onnx.numpy_helper.to_array(fill) if fill is not None else np.zeros(1, np.float32)
+    dtype = str(array.dtype)
+    scalar = array.reshape(-1)[0]
+    dims = list(shape.flat)
+    if is_concrete(shape):
+        if dims:
+            return None  # a static shape: TVM's converter does it
+        return relax.const(np.asarray(scalar, dtype=dtype), dtype)
+    return relax.op.full(_shape_expr(dims), relax.const(scalar, dtype), dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Range
+# --------------------------------------------------------------------------------------------
+
+
+def _scalar(values):
+    if values is None or values.size != 1:
+        return None
+    return values.reshape(-1)[0]
+
+
+@_converter("Range", "range")
+def range_(ctx, node, attr, inputs, values):
+    """``arange`` with a length computed symbolically from (symbolic) bounds.
+
+    TVM's Range computes the count as a tensor and reads it back with ``tensor_to_shape``: the
+    result's length is a fresh variable (``range_len_0``) unrelated to the ``seq`` it counts
+    to, so a causal mask or position ids built from it broadcast against ``seq`` to an
+    unknown shape, and every tensor after that is opaque."""
+    bounds = [_scalar(v) for v in values[:3]]
+    if any(b is None for b in bounds) or all(isinstance(b, int) for b in bounds):
+        return None  # unknown, or all constant (TVM folds those)
+    dtype = str(inputs[0].ty.dtype) if hasattr(inputs[0], "ty") and hasattr(
+        inputs[0].ty, "dtype") else "int64"
+    if not dtype.startswith("int"):
+        return None
+    start, limit, delta = bounds
+    if not isinstance(delta, int) or delta == 0:
+        return None
+    length = ctx.analyzer.simplify(tirx.max(
+        tirx.floordiv(_prim(limit) - _prim(start) + (delta - 1 if delta > 0 else delta + 1),
+                      delta), 0))
+    out = ctx.bb.normalize(relax.op.arange(_prim(start), _prim(limit), _prim(delta), dtype))
+    if not ctx.analyzer.equal(out.ty.shape[0], length):
+        out = _cast_dims(ctx, out, [length])
+    return out
+
+
+REPAIRS = frozenset(fn.repair for fn in CONVERTERS.values())
+

@@ -482,6 +482,9 @@ _JS = """
     $('#zoom').textContent=Math.round(zoom*100)+'%';}
   $('#zoomout').onclick=function(){scale(zoom/1.25);};
   $('#zoomin').onclick=function(){scale(zoom*1.25);};
+  // open on the first kernel: dot centres each rank, so a wide graph starts off to the side
+  var first=$('svg.view[data-view="tvm_fusion"] g.cluster');
+  if(first){first.scrollIntoView({block:'start',inline:'center'});}
 })();
 """
 

@@ -39,7 +39,7 @@ softmax does, and NaN scores propagate through the sum.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 import tvm_ffi
@@ -56,6 +56,7 @@ from .attention_match import (
     match_attention,
     substitute,
 )
+from .constant_mask import inline_causal_masks
 from .cpu_target import CpuParams
 from .fast_math import fast_math
 from .records import (
@@ -636,16 +637,25 @@ ATTENTION_ATTR = "tvm_fusion.attention"
 TILES_ATTR = "tvm_fusion.attention_tiles"  # (bq, bk): a tuned or forced tile
 
 
-def try_schedule_attention(gvar, func: tirx.PrimFunc, params: CpuParams, fast: bool = True):
+def try_schedule_attention(gvar, func: tirx.PrimFunc, params: CpuParams, fast: bool = True,
+                           constants: dict | None = None):
     """The dispatch hook of ``ScheduleFusedBlocks``: a fused attention gets the generated
     online-softmax kernel; anything else returns None (the usual rules). A template failure
-    warns and returns None too: the per-block rules then schedule the function."""
+    warns and returns None too: the per-block rules then schedule the function.
+
+    ``constants`` (parameter position → the constants every call passes there) lets a
+    causal mask folded to a constant be read as its index expression, so its tiles are
+    skipped as a symbolic length's are (:mod:`.constant_mask`)."""
     try:
         pattern = match_attention(func)
     except NotAttention:
         return None
     except Exception:  # noqa: BLE001 (an analysis TVM cannot do: not ours to schedule)
         return None
+    mask_notes = []
+    if constants:
+        score, mask_notes = inline_causal_masks(pattern, constants)
+        pattern = replace(pattern, score=score)
     tiles = None
     if func.attrs is not None and TILES_ATTR in func.attrs:
         bq, bk = (int(t) for t in func.attrs[TILES_ATTR])
@@ -654,6 +664,7 @@ def try_schedule_attention(gvar, func: tirx.PrimFunc, params: CpuParams, fast: b
                                base.nv, base.lanes)
     try:
         result, notes = build_cpu_attention(pattern, params, tiles)
+        notes = notes + mask_notes
         if fast:
             result = fast_math(result)
     except Exception as err:  # noqa: BLE001

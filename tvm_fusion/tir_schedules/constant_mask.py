@@ -79,8 +79,11 @@ def causal_offset(mask: np.ndarray) -> tuple[int, object, object] | None:
     a, b = bits[0, cols - 1], bits[rows - 1, 0]
     if a == b:
         return None
-    lead = int(np.argmax(bits[0] != b)) if (bits[0] != b).any() else cols
-    o = lead - 1
+    # row i keeps min(max(i + o + 1, 0), cols) leading b's: read o off a row that has both
+    leading = np.where((bits != b).any(axis=1), np.argmax(bits != b, axis=1), cols)
+    partial = np.nonzero((leading > 0) & (leading < cols))[0]
+    row = int(partial[0]) if partial.size else 0
+    o = int(leading[row]) - 1 - row
     i = np.arange(rows)[:, None]
     j = np.arange(cols)[None, :]
     expected = np.where(j > i + o, a, b)

@@ -30,6 +30,8 @@ the tile is skipped when ``exp(g(s) - m) == 0`` in float32 for every row's curre
 ``m`` (a runtime check; with ``g`` depending on ``s``, the bound ``|s| ≤ dk·max|q|·max|k|``
 from finite inputs). Skipped elements then contribute exactly 0, as they do unfused, and NaN
 or infinite inputs are never skipped (so a NaN still reaches the output as it does unfused).
+A causal mask folded to a constant (a static length) is read back as
+its index expression first (:mod:`.constant_mask`), so its tiles are skipped too.
 
 IEEE behaviour is that of the unfused operators: the running max starts where TOPI's max
 reduction does (the lowest finite float), so a row of ``-inf`` scores gives ``0/0 = NaN`` as

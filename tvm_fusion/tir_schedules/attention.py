@@ -30,6 +30,8 @@ the tile is skipped when ``exp(g(s) - m) == 0`` in float32 for every row's curre
 ``m`` (a runtime check; with ``g`` depending on ``s``, the bound ``|s| ≤ dk·max|q|·max|k|``
 from finite inputs). Skipped elements then contribute exactly 0, as they do unfused, and NaN
 or infinite inputs are never skipped (so a NaN still reaches the output as it does unfused).
+A causal mask folded to a constant (a static length) is read back as
+its index expression first (:mod:`.constant_mask`), so its tiles are skipped too.
 
 IEEE behaviour is that of the unfused operators: the running max starts where TOPI's max
 reduction does (the lowest finite float), so a row of ``-inf`` scores gives ``0/0 = NaN`` as
@@ -39,7 +41,7 @@ softmax does, and NaN scores propagate through the sum.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 import tvm_ffi
@@ -57,6 +59,7 @@ from .attention_match import (
     match_attention,
     substitute,
 )
+from .constant_mask import inline_causal_masks
 from .cpu_target import CpuParams
 from .fast_math import fast_math
 from .records import (
@@ -640,16 +643,25 @@ ATTENTION_ATTR = "tvm_fusion.attention"
 TILES_ATTR = "tvm_fusion.attention_tiles"  # (bq, bk): a tuned or forced tile
 
 
-def try_schedule_attention(gvar, func: tirx.PrimFunc, params: CpuParams, fast: bool = True):
+def try_schedule_attention(gvar, func: tirx.PrimFunc, params: CpuParams, fast: bool = True,
+                           constants: dict | None = None):
     """The dispatch hook of ``ScheduleFusedBlocks``: a fused attention gets the generated
     online-softmax kernel; anything else returns None (the usual rules). A template failure
-    warns and returns None too: the per-block rules then schedule the function."""
+    warns and returns None too: the per-block rules then schedule the function.
+
+    ``constants`` (parameter position → the constants every call passes there) lets a
+    causal mask folded to a constant be read as its index expression, so its tiles are
+    skipped as a symbolic length's are (:mod:`.constant_mask`)."""
     try:
         pattern = match_attention(func)
     except NotAttention:
         return None
     except Exception:  # noqa: BLE001 (an analysis TVM cannot do: not ours to schedule)
         return None
+    mask_notes = []
+    if constants:
+        score, mask_notes = inline_causal_masks(pattern, constants)
+        pattern = replace(pattern, score=score)
     tiles = None
     if func.attrs is not None and TILES_ATTR in func.attrs:
         bq, bk = (int(t) for t in func.attrs[TILES_ATTR])
@@ -658,6 +670,7 @@ def try_schedule_attention(gvar, func: tirx.PrimFunc, params: CpuParams, fast: b
                                base.nv, base.lanes)
     try:
         result, notes = build_cpu_attention(pattern, params, tiles)
+        notes = notes + mask_notes
         if fast:
             result = fast_math(result)
     except Exception as err:  # noqa: BLE001

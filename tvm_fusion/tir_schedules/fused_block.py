@@ -28,6 +28,7 @@ from tvm import s_tir, tirx
 from ..tir_utils import has_extern_call, iter_sblocks, refresh_access_regions
 from .analysis import alloc_buffers
 from .attention import try_schedule_attention
+from .constant_mask import constant_arguments
 from .cpu import schedule_cpu
 from .cpu_gemm import emit_packed_gemms, has_packed_gemm, prepare_packed_gemms
 from .cpu_target import CpuParams, cpu_params
@@ -84,11 +85,12 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
 
 
 def schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
-                           fast: bool) -> tirx.PrimFunc:
+                           fast: bool, constants: dict | None = None) -> tirx.PrimFunc:
     """The attention template for a fused attention, OptiFX's overlapped tiles for a conv chain,
     else the per-block rules; when those fail, inlining with plain parallel/vector loops (or
-    nothing), the error recorded and warned."""
-    attention = try_schedule_attention(gvar, func, params, fast)
+    nothing), the error recorded and warned. ``constants``: the arguments every call passes
+    as the same constant (:func:`~.constant_mask.constant_arguments`)."""
+    attention = try_schedule_attention(gvar, func, params, fast, constants)
     if attention is not None:
         try:
             return probe_build(attention)
@@ -165,11 +167,13 @@ class ScheduleFusedBlocks:
         if target is not None and not _is_llvm(target):
             return mod
         params = cpu_params(target)
+        constants = constant_arguments(mod)
         updates = {}
         for gvar, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc) or not is_schedulable(func):
                 continue
-            updates[gvar] = schedule_with_fallback(gvar, func, params, self.fast_math)
+            updates[gvar] = schedule_with_fallback(gvar, func, params, self.fast_math,
+                                                   constants.get(gvar.name_hint))
         mod = mod.clone()  # a pass leaves the module it was given as it was
         for gvar, func in updates.items():
             mod[gvar] = func

@@ -117,8 +117,8 @@ INLINE: list[tuple[str, str, str | None, str]] = [
     ("docs/visualize.md", "tvm-fusion report models/X.onnx --html docs/plans/X.html --no-check",
      "tvm-fusion report models/bert_base.onnx --html out/plans/bert_base.html --no-check",
      "X = bert_base, written to out/plans/"),
-    ("docs/visualize.md", "python -m tvm_fusion.export_models --only bert_base,swin_t,gpt2",
-     "python -m tvm_fusion.export_models --only bert_base,swin_t,gpt2", ""),
+    ("docs/visualize.md", "python -m tvm_fusion.export_models --only bert_base,swin_t,gpt2_lm",
+     "python -m tvm_fusion.export_models --only bert_base,swin_t,gpt2_lm", ""),
 ]
 
 # Lines of unlabelled blocks (usage synopses) checked with concrete arguments: doc, the line's

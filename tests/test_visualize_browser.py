@@ -99,7 +99,12 @@ _CHECK = """<script>(function(){
       function(g){return g.getAttribute('data-name').indexOf(query)>=0;});
     r.hits_text=document.getElementById('hits').textContent;
     r.fold_marked=hfold.classList.contains('hit');
-    search.dispatchEvent(new KeyboardEvent('keydown',{key:'Enter'}));
+    // Enter steps through the hits in page order (another kernel's may come first) until it
+    // reaches the collapsed kernel's, which it expands
+    for(var n=0;n<r.hits;n++){
+      search.dispatchEvent(new KeyboardEvent('keydown',{key:'Enter'}));
+      var cur=ours.querySelector('g.op.cur');
+      if(cur&&cur.getAttribute('data-kernel')===hk){break;}}
     r.current=ours.querySelectorAll('g.op.cur').length;
     r.expanded_for_hit=!shown(hfold);
     document.getElementById('collapse').click();

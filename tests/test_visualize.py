@@ -4,18 +4,22 @@ Graphviz's dot, kernels collapsible to one node. Without ``dot`` those tests ski
 installs Debian's ``graphviz``); the one-line error without it is tested everywhere."""
 
 import html
+import os
 import re
 import shutil
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import onnx
 import pytest
 
 from tvm_fusion import graph_layout
 from tvm_fusion.cli import main
+from tvm_fusion.export_models import MODELS as ZOO
 from tvm_fusion.models import get_builtin
 from tvm_fusion.relay_passes.rejection import describe
 from tvm_fusion.report import make_report
+from tvm_fusion.target import host_target
 from tvm_fusion.visualize import picture
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
@@ -295,3 +299,21 @@ def test_without_dot_one_line_naming_the_package(tmp_path, monkeypatch, capsys):
     assert captured.out == "" and not out.exists()
     err = captured.err.strip().splitlines()
     assert len(err) == 1 and "Graphviz" in err[0] and "apt-get install graphviz" in err[0]
+
+
+ZOO_DIR = Path(os.environ.get("TVM_FUSION_MODELS", Path(__file__).parent.parent / "models"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_page_draws_one_cluster_per_kernel_of_the_report(name):
+    """Issue 25: on every zoo model present, the page's clusters are the report's kernels."""
+    path = ZOO_DIR / f"{name}.onnx"
+    if shutil.which("dot") is None or not path.exists():
+        pytest.skip(f"needs Graphviz dot and {path} (python -m tvm_fusion.export_models)")
+    artifacts: dict = {}
+    report = make_report(onnx.load(path), name, host_target(), check=False,
+                         artifacts=artifacts)
+    page = picture(artifacts["plan"], artifacts["stock_mod"], name, report.fused_kernels).html
+    assert _view(page, "tvm_fusion").count('class="cluster"') == report.fused_kernels
+    assert _view(page, "stock").count('class="cluster"') == report.stock_kernels

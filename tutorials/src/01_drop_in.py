@@ -104,8 +104,9 @@ print(f"{len(model.graph.node)} ONNX nodes:", ", ".join(n.op_type for n in model
 # is what lets passes fold and fuse them.
 
 # %%
-# name your CPU for wider vectors, e.g. Target({"kind": "llvm", "mcpu": "znver4"})
-target = tvm.target.Target("llvm")
+# this machine's CPU: {"kind": "llvm", "mcpu": <the host CPU>, "num-cores": <physical cores>}
+# (a bare "llvm" compiles for baseline x86-64: SSE2, no AVX)
+target = tvm_fusion.target.host_target()
 mod = from_onnx(model, keep_params_in_input=False)
 
 # 1) stock TVM, as a user gets it
@@ -245,8 +246,8 @@ plt.show()
 # scheduling: on CPU TVM 0.27 neither fuses nor schedules by default, so every operator is a
 # naive loop nest. Against stock FuseOps compiled with the *same* CPU schedules, what is left
 # is the grouping itself: on a block this small that is a kernel or so, on whole
-# transformers it is far more (BERT-base 187 → 134 kernels, GPT-2
-# 233 → 110; [docs/benchmarks.md](../docs/benchmarks.md)). ONNX Runtime's hand-written
+# transformers it is far more (BERT-base 187 → 87 kernels, GPT-2 with its head 234 → 87;
+# [docs/visualize.md](../docs/visualize.md)). ONNX Runtime's hand-written
 # kernels remain faster than TVM's generated ones on this CPU; closing that gap is the
 # schedules' job ([docs/codegen.md](../docs/codegen.md)), not the planner's.
 

@@ -30,12 +30,13 @@ from tvm_fusion.relay_passes import optifx as cc
 from tvm_fusion.relay_passes.ecg import build_ecg
 from tvm_fusion.relay_passes.mapping_type import AnnotateMappingType
 from tvm_fusion.relay_passes.plan_fusion import _dataflow_blocks
+from tvm_fusion.target import host_target
 from tvm_fusion.threads import use_physical_cores
 from tvm_fusion.transform import legalize_passes
 
 use_physical_cores()  # TVM's default is half the hardware threads on x86 (tutorial 1)
 
-TARGET = tvm.target.Target("llvm")
+TARGET = host_target()  # this machine's CPU (tutorial 1)
 
 # %% [markdown]
 # ## MobileNetV2's depthwise → pointwise pair

@@ -288,12 +288,23 @@ def box_condition(cond, polarity: bool, pattern: AttentionPattern, i_lo, i_hi, j
 def value_at(expr, pattern: AttentionPattern, batch, i=None, j=None, k=None, d=None, s=None,
              o=None):
     """``expr`` (a piece of ``pattern``) at the given index values (and ``s``, ``o``)."""
-    mapping = dict(zip(pattern.batch, batch))
+    mapping = {var: _as_dtype(value, str(var.ty)) for var, value in zip(pattern.batch, batch)}
     for var, value in ((pattern.i, i), (pattern.j, j), (pattern.k, k), (pattern.d, d),
                        (pattern.s, s), (pattern.o, o)):
         if value is not None:
-            mapping[var] = value
+            mapping[var] = _as_dtype(value, str(var.ty))
     return substitute(expr, mapping)
+
+
+def _as_dtype(value, dtype: str):
+    """``value`` in the index variable's dtype: the template's loops count in int32 where the
+    kernel's indices are int64, and ``substitute`` does not convert. A bare load tolerates
+    the mix, but arithmetic on the index (RoPE's rotate-half: ``(k + 16) % 32``) then fails
+    TIR's lowering with ``mismatched types. int32 vs. int64`` and the kernel lost its
+    template."""
+    if isinstance(value, int):
+        return tirx.const(value, dtype)
+    return value if str(value.ty) == dtype else tirx.Cast(dtype, value)
 
 
 def _i64(x):

@@ -8,6 +8,8 @@ operators.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import tvm
@@ -27,6 +29,7 @@ from tvm_fusion.tir_schedules.attention import (
 )
 from tvm_fusion.tir_schedules.attention_match import NotAttention, match_attention, substitute
 from tvm_fusion.tir_schedules.cpu_target import CpuParams
+from tvm_fusion.tir_schedules.records import SCHEDULE_ATTR, ScheduleFailedWarning
 from tvm_fusion.tir_utils import find_all
 
 SMALL = {
@@ -344,3 +347,17 @@ def test_rope_is_folded_into_the_attention_prologue():
     assert len(plan.blocks) == 1 and plan.blocks[0].kind == "attention"
     ops = {plan.ecg.nodes[i].op_name for i in plan.blocks[0].members}
     assert any("concat" in op for op in ops)  # rotate_half
+
+
+@pytest.mark.parametrize("seq", ["seq", 70])
+def test_rope_attention_keeps_its_template(seq):
+    """The template's loops count in int32 where the kernel's indices are int64; RoPE's
+    rotate-half does arithmetic on the head-dim index, so the substituted loop counter must
+    take the index's dtype, or TIR's lowering fails (``mismatched types``) and the kernel
+    falls back to the per-operator rules (a symbolic Llama ran 5x slower)."""
+    model = attention_model("llama", seq=seq, rope=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScheduleFailedWarning)
+        fused = fuse(import_onnx(model), TARGET)
+    (func,) = _attention_funcs(fused)
+    assert "attention (online softmax)" in str(func.attrs[SCHEDULE_ATTR][0])

@@ -63,3 +63,41 @@ def test_static_functions_are_returned_as_they_are():
                 C[vi, vj] = A[vj, vi]
 
     assert simplify_symbolic_indices(static).same_as(static)
+
+
+def test_a_bmm_operand_through_torch_export_reshapes_reads_the_iterators():
+    """torch.export's ``bmm`` of the probabilities and V (``broadcast_to`` + ``reshape`` over
+    ``seq``, then the head merge) leaves a split of extent 1 (``(j * 32 + l) // 128``, always
+    0) beside the reduction iterator, and constant remainders the iterators' ranges make
+    exact: the operand must read ``B[k, j * 32 + l]``, or the tile rules see no GEMM."""
+
+    @T.prim_func(s_tir=True)
+    def before(a: T.handle, b: T.handle, c: T.handle):
+        seq = T.int64()
+        A = T.match_buffer(a, (4, seq, seq), "float32")
+        B = T.match_buffer(b, (seq, 128), "float32")
+        C = T.match_buffer(c, (4, seq, 32), "float32")
+        for j, i, l, k in T.grid(T.int64(4), seq, T.int64(32), seq):
+            with T.sblock("C"):
+                vj, vi, vl, vk = T.axis.remap("SSSR", [j, i, l, k])
+                with T.init():
+                    C[vj, vi, vl] = T.float32(0.0)
+                C[vj, vi, vl] = C[vj, vi, vl] + A[vj, vi, vk] * B[
+                    ((vj * T.int64(32) + vl % T.int64(32)) // T.int64(128) + vk) % seq,
+                    (vj * T.int64(32) + vl % T.int64(32)) % T.int64(128) % T.int64(128)]
+
+    @T.prim_func(s_tir=True)
+    def expected(a: T.handle, b: T.handle, c: T.handle):
+        seq = T.int64()
+        A = T.match_buffer(a, (4, seq, seq), "float32")
+        B = T.match_buffer(b, (seq, 128), "float32")
+        C = T.match_buffer(c, (4, seq, 32), "float32")
+        for j, i, l, k in T.grid(T.int64(4), seq, T.int64(32), seq):
+            with T.sblock("C"):
+                vj, vi, vl, vk = T.axis.remap("SSSR", [j, i, l, k])
+                with T.init():
+                    C[vj, vi, vl] = T.float32(0.0)
+                C[vj, vi, vl] = C[vj, vi, vl] + A[vj, vi, vk] * B[vk, vj * T.int64(32) + vl]
+
+    after = simplify_symbolic_indices(before)
+    tvm.ir.assert_structural_equal(after.with_attr("global_symbol", "expected"), expected)

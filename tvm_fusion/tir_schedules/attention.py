@@ -78,7 +78,7 @@ _MAX_BQ = 128
 
 __all__ = ["ATTENTION_ATTR", "TILES_ATTR", "UNDERFLOW_MARGIN", "AttentionTiles", "MaskRegion",
            "box_condition", "build_cpu_attention", "choose_tiles", "mask_regions", "tile_bytes",
-           "try_schedule_attention", "value_at"]
+           "try_schedule_attention", "under_root_block", "value_at"]
 
 
 @dataclass(frozen=True)
@@ -311,15 +311,19 @@ def _i64(x):
     return tirx.const(x, "int64") if isinstance(x, int) else x
 
 
+def under_root_block(body: tirx.Stmt) -> tirx.Stmt:
+    """``body`` under a root block, as a scheduled PrimFunc's is: TVM's RewriteDataflowReshape
+    (Relax lowering, memory planning) asserts one in every kernel that a ``call_tir`` with one
+    input calls (an attention of packed Q/K/V failed: "func->body->IsInstance<SBlockRealize>")."""
+    return SBlockRealize([], tirx.const(True, "bool"), SBlock([], [], [], "root", body))
+
+
 def build_cpu_attention(pattern: AttentionPattern, params: CpuParams,
                         tiles: AttentionTiles | None = None) -> tuple[tirx.PrimFunc, list[str]]:
     """The attention as one generated PrimFunc with ``pattern.func``'s signature, and notes."""
     tiles = tiles or choose_tiles(pattern, params, _static(pattern.sq))
     emitter = _CpuEmitter(pattern, tiles, params.cores)
-    # under a root block, as a scheduled PrimFunc's body is: TVM's RewriteDataflowReshape
-    # (Relax lowering, memory planning) asserts that of every kernel a call_tir with one input
-    # calls (an attention of packed Q/K/V failed with "func->body->IsInstance<SBlockRealize>")
-    body = SBlockRealize([], tirx.const(True, "bool"), SBlock([], [], [], "root", emitter.emit()))
+    body = under_root_block(emitter.emit())
     func = pattern.func
     result = tirx.PrimFunc(list(func.params), body, func.ret_type, func.attrs)
     result = result.with_attr("tirx.noalias", True)

@@ -28,7 +28,7 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .attention import UNDERFLOW_MARGIN, box_condition, mask_regions, value_at
+from .attention import UNDERFLOW_MARGIN, box_condition, mask_regions, under_root_block, value_at
 from .attention_match import F32, AttentionPattern, NotAttention, match_attention
 from .records import SCHEDULE_ATTR, ScheduleFailedWarning, first_line, restore_symbol
 
@@ -124,7 +124,7 @@ def build_gpu_attention(pattern: AttentionPattern, target,
                                        index)
     body = ib.get().body  # the frame's loop of one
     body = tirx.AttrStmt(tx_iv, "thread_extent", tirx.const(bq, "int32"), body)
-    body = tirx.AttrStmt(bx_iv, "thread_extent", blocks, body)
+    body = under_root_block(tirx.AttrStmt(bx_iv, "thread_extent", blocks, body))
     func = p.func
     result = tirx.PrimFunc(list(func.params), body, func.ret_type, func.attrs)
     notes = [f"attention (online softmax, GPU): {bq} query rows per block, one per thread; "

@@ -27,6 +27,7 @@ from tvm_fusion.options import Options
 from tvm_fusion.relay_passes.fusion_plan import AnalyticOracle, PlanOptions
 from tvm_fusion.relay_passes.rejection import RejectReason
 from tvm_fusion.report import format_report, make_report
+from tvm_fusion.tir_schedules import cpu as cpu_rules
 from tvm_fusion.tir_schedules.work import executed_work, recomputed_blocks
 
 
@@ -58,6 +59,15 @@ def _row_max_per_element(x: T.Buffer((T.int64(4), T.int64(8)), "float32"), y: T.
 # fmt: on
 
 
+
+@pytest.fixture
+def rules_that_recompute(monkeypatch):
+    """The CPU rules as they were before ``cpu.py`` kept a stage at the root when attaching it
+    per row would recompute it: the guard is the backstop for what the rules miss, and these
+    small models are the cases they used to miss."""
+    monkeypatch.setattr(cpu_rules, "RECOMPUTE_LIMIT", float("inf"))
+
+
 def test_work_counts_loop_extents_times_body():
     """``peak``: 4·8·8 executions of a max (1) with two loads and a store; ``y``: 4·8 of a
     subtraction with two loads and a store; the boundary is x and y, 2 × 32 floats."""
@@ -69,7 +79,7 @@ def test_work_counts_loop_extents_times_body():
 
 # ------------------------------------------------------------------- kernels that lose
 
-def test_layer_norm_read_by_tile_is_split_with_the_reason():
+def test_layer_norm_read_by_tile_is_split_with_the_reason(rules_that_recompute):
     """``Tile(LayerNorm(x))`` fuses (Table 3 lets a One-to-Many consumer join), but the row
     schedule computes each row's statistics once per *output* row, 8 times. The guard sees it
     in the loop nest and plans the two apart: the LayerNorm is written once, the Tile copies
@@ -132,7 +142,7 @@ def test_measured_loss_splits_the_kernel():
     compare(out, onnx_reference(model, feeds), rtol=1e-4, atol=1e-5)
 
 
-def test_reduction_read_by_tile_recomputes_but_traffic_dominates():
+def test_reduction_read_by_tile_recomputes_but_traffic_dominates(rules_that_recompute):
     """A row maximum under a Tile is recomputed per output row too (8 times), which the
     estimate sees; but a max is cheap next to the tiled output's traffic, which fusion halves,
     so at the default ridge (10 ops per byte) the guard keeps the kernel."""
@@ -144,7 +154,7 @@ def test_reduction_read_by_tile_recomputes_but_traffic_dominates():
     check_model(model)
 
 
-def test_report_names_the_decision():
+def test_report_names_the_decision(rules_that_recompute):
     report = make_report(layer_norm_tiled(copies=8), name="tiled", check=False)
     assert len(report.guard) == 1
     assert report.guard[0].startswith(
@@ -233,3 +243,11 @@ def test_apollo_feedback_splits_a_kernel_the_guard_refuses(monkeypatch):
     assert event.reason == "fusion loses: forced verdict" and event.split
     assert count_kernels(mod) == 2
     check_model(model, strategy="apollo", apollo_blocklist="memory")
+
+
+def test_rules_compute_layer_norm_once_under_a_tile():
+    """Without the guard, today's rules keep the LayerNorm's statistics at the root of the
+    fused kernel (attached per output row they would run 8 times): nothing recomputes."""
+    off, off_plan = _fuse_collecting(layer_norm_tiled(copies=8), fusion_guard=False)
+    (kernel,) = [f for g, f in off.functions.items() if g.name_hint.startswith("fused_")]
+    assert recomputed_blocks(kernel) == []

@@ -235,6 +235,19 @@ def param_names(sch: s_tir.Schedule) -> set[str]:
     return {p.name for p in main_func(sch).params}
 
 
+def written_only_before(sch: s_tir.Schedule, block_rv) -> set[str]:
+    """Buffers the top-level stages before ``block_rv`` write and none after it writes."""
+    before, after, seen = set(), set(), False
+    anchor = sch.get(block_rv)
+    for child in sch.get_child_blocks(root_block(sch)):
+        block = sch.get(child)
+        if block.same_as(anchor):
+            seen = True
+            continue
+        (after if seen else before).update(w.source.name for w in block.writes)
+    return before - after
+
+
 def alloc_buffers(sch: s_tir.Schedule) -> dict:
     """Intermediate buffers allocated in the root block, by name."""
     return {b.name: b for b in main_func(sch).body.block.alloc_buffers}

@@ -34,7 +34,7 @@ from tvm.ir.expr import TensorLoad
 from tvm.s_tir import SBlock
 
 from ..tir_utils import buffer_loads, buffer_stores, const_int, find_all, iter_sblocks
-from .analysis import main_func, root_block, stride_in_last_dim
+from .analysis import param_names, root_block, stride_in_last_dim, written_only_before
 from .cpu_target import CpuParams
 from .cpu_tile import fold_epilogue_chain
 from .gemm_template import Blocking, Gemm, emit_gemm, parallel_plan
@@ -196,16 +196,7 @@ def _finished_before(sch: s_tir.Schedule, block_rv, earlier_gemms: set[str]) -> 
     a GEMM nor an output's stage), and the write-back becomes plain loops whose loads every
     later pass sees. An intermediate a rule may still move (into a later row's stage) is not
     among them."""
-    params = {p.name for p in main_func(sch).params}
-    before, after, seen = set(), set(), False
-    anchor = sch.get(block_rv)
-    for child in sch.get_child_blocks(root_block(sch)):
-        block = sch.get(child)
-        if block.same_as(anchor):
-            seen = True
-            continue
-        (after if seen else before).update(w.source.name for w in block.writes)
-    return (before - after) & (params | earlier_gemms)
+    return written_only_before(sch, block_rv) & (param_names(sch) | earlier_gemms)
 
 
 # ------------------------------------------------------------ step 2: on the scheduled TIR

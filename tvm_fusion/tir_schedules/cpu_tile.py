@@ -30,8 +30,9 @@ from .analysis import (
     is_bijective_read,
     main_func,
     numel,
-    root_block,
+    param_names,
     stride_in_last_dim,
+    written_only_before,
 )
 from .cpu_target import CpuParams
 from .inline import fits_one_expression
@@ -611,16 +612,7 @@ def _written_before(sch: s_tir.Schedule, block_rv) -> set[str]:
     (and by nothing after it): for the anchor's epilogue they are inputs, not producers.
     Only function parameters qualify: hiding a read of an intermediate would also hide it from
     TVM's allocation planning."""
-    params = {p.name for p in main_func(sch).params}
-    before, after, seen = set(), set(), False
-    anchor = sch.get(block_rv)
-    for child in sch.get_child_blocks(root_block(sch)):
-        block = sch.get(child)
-        if block.same_as(anchor):
-            seen = True
-            continue
-        (after if seen else before).update(w.source.name for w in block.writes)
-    return (before - after) & params
+    return written_only_before(sch, block_rv) & param_names(sch)
 
 
 def _hide_reads(sch: s_tir.Schedule, block_rv, ready: set[str]) -> None:

@@ -32,13 +32,14 @@ def _build_script():
 @pytest.mark.slow  # ~4 min for all; .ci/run runs them after the default run
 @pytest.mark.timeout(NOTEBOOK_BUDGET_S * 2)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_top_to_bottom(path, monkeypatch):
+def test_notebook_runs_top_to_bottom(path, monkeypatch, tmp_path):
     pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     from nbclient import NotebookClient
 
-    # Plans must not depend on a developer's profiling database (the kernel inherits this).
-    monkeypatch.setenv("TVM_FUSION_DB", str(ROOT / "tests" / "no-such-profiling.db"))
+    # Plans must not depend on a developer's profiling database (the kernel inherits this);
+    # a notebook that measures writes a fresh one outside the checkout.
+    monkeypatch.setenv("TVM_FUSION_DB", str(tmp_path / "profiling.db"))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()

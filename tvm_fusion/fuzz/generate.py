@@ -644,6 +644,48 @@ def emit_index_arith(b: Builder, t: str):
     return b.add1("Gather", [t, j], axis=0) if j else None
 
 
+def emit_attention(b: Builder, t: str):
+    """Self-attention of a packed Q/K/V projection (one ``Split`` of one MatMul, so the fused
+    block has a single input: a kernel without a root block failed TVM's Relax lowering), with
+    a rotate-half on Q and K (RoPE's index arithmetic once fell back silently) and an optional
+    constant causal mask (read back as ``j > i`` by the CPU template)."""
+    sh = b.shape(t)
+    if len(sh) != 3:
+        return None
+    rng = b.rng
+
+    def node(op, inputs, **attrs):  # any step shape inference rejects ends the family
+        out = b.add1(op, inputs, **attrs) if all(i is not None for i in inputs) else None
+        if out is None:
+            raise ValueError(f"attention: {op} rejected")
+        return out
+
+    def ints(values):
+        return b.const(values, np.int64)
+
+    _, seq, width = sh
+    heads, dim = int(_pick(rng, [1, 2])), int(_pick(rng, [2, 4]))
+    hd = heads * dim
+    qkv = node("MatMul", [t, b.const(rng.standard_normal((width, 3 * hd)) / width ** 0.5)])
+    parts = b.add("Split", [qkv, ints([hd] * 3)], n_out=3, axis=2)
+    if not parts:
+        return None
+    q, k, v = (node("Transpose", [node("Reshape", [p, ints([0, 0, heads, dim])])],
+                    perm=[0, 2, 1, 3]) for p in parts)
+    if rng.random() < 0.5:  # rotate-half: cat(-x[..., d/2:], x[..., :d/2])
+        half = dim // 2
+        q, k = (node("Concat", [
+            node("Neg", [node("Slice", [x, ints([half]), ints([dim]), ints([3])])]),
+            node("Slice", [x, ints([0]), ints([half]), ints([3])])], axis=3) for x in (q, k))
+    scores = node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])])
+    scores = node("Mul", [scores, b.const(dim ** -0.5)])
+    if rng.random() < 0.5:
+        mask = np.triu(np.full((seq, seq), _pick(rng, [-1e9, -np.inf]), np.float32), 1)
+        scores = node("Add", [scores, b.const(mask)])
+    probs = node("Softmax", [scores], axis=-1)
+    out = node("Transpose", [node("MatMul", [probs, v])], perm=[0, 2, 1, 3])
+    return node("Reshape", [out, ints([0, 0, hd])])
+
 EMITTERS: dict[str, Callable[[Builder, str], str | None]] = {
     "unary": emit_unary, "chain": emit_chain, "long_chain": emit_long_chain,
     "anchor_pair": emit_anchor_pair,
@@ -653,7 +695,7 @@ EMITTERS: dict[str, Callable[[Builder, str], str | None]] = {
     "slice": emit_slice, "pad": emit_pad, "resize": emit_resize, "norm": emit_norm,
     "matmul": emit_matmul, "gemm": emit_gemm, "conv": emit_conv, "pool": emit_pool,
     "reorg": emit_reorg, "concat": emit_concat, "split": emit_split, "topk": emit_topk,
-    "cast": emit_cast, "index_arith": emit_index_arith,
+    "cast": emit_cast, "index_arith": emit_index_arith, "attention": emit_attention,
 }
 
 

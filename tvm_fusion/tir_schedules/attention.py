@@ -78,7 +78,7 @@ _MAX_BQ = 128
 
 __all__ = ["ATTENTION_ATTR", "TILES_ATTR", "UNDERFLOW_MARGIN", "AttentionTiles", "MaskRegion",
            "box_condition", "build_cpu_attention", "choose_tiles", "mask_regions", "tile_bytes",
-           "try_schedule_attention", "under_root_block", "value_at"]
+           "split_task", "try_schedule_attention", "under_root_block", "value_at"]
 
 
 @dataclass(frozen=True)
@@ -311,6 +311,16 @@ def _i64(x):
     return tirx.const(x, "int64") if isinstance(x, int) else x
 
 
+def split_task(task, inner, batch_extents) -> tuple[object, list]:
+    """A flat task index as (its index among ``inner`` tasks per batch entry, the batch
+    indices, outermost first)."""
+    rest, batch = tirx.floordiv(task, inner), []
+    for ext in reversed(batch_extents):
+        batch.append(tirx.floormod(rest, ext))
+        rest = tirx.floordiv(rest, ext)
+    return tirx.floormod(task, inner), batch[::-1]
+
+
 def under_root_block(body: tirx.Stmt) -> tirx.Stmt:
     """``body`` under a root block, as a scheduled PrimFunc's is: TVM's RewriteDataflowReshape
     (Relax lowering, memory planning) asserts one in every kernel that a ``call_tir`` with one
@@ -365,13 +375,7 @@ class _CpuEmitter:
             n_qb, tirx.floordiv(tirx.const(4 * self.cores, itype) + heads - 1, heads)))
         with IRBuilder() as ib:
             with T.parallel(tirx.const(0, itype), heads * groups) as task:
-                g = tirx.floormod(task, groups)
-                rest = tirx.floordiv(task, groups)
-                batch = []
-                for ext in reversed(p.batch_extents):
-                    batch.append(tirx.floormod(rest, ext))
-                    rest = tirx.floordiv(rest, ext)
-                batch = batch[::-1]
+                g, batch = split_task(task, groups, p.batch_extents)
                 kt = T.alloc_buffer((dk, n_kt * bk), F32)
                 vp = T.alloc_buffer((n_kt * bk, dvp), F32)
                 kstat = T.alloc_buffer((n_kt, 2), F32)  # per key tile: max |k|, all finite

@@ -28,7 +28,14 @@ from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from .attention import UNDERFLOW_MARGIN, box_condition, mask_regions, under_root_block, value_at
+from .attention import (
+    UNDERFLOW_MARGIN,
+    box_condition,
+    mask_regions,
+    split_task,
+    under_root_block,
+    value_at,
+)
 from .attention_match import F32, AttentionPattern, NotAttention, match_attention
 from .records import SCHEDULE_ATTR, ScheduleFailedWarning, first_line, restore_symbol
 
@@ -78,13 +85,7 @@ def build_gpu_attention(pattern: AttentionPattern, target,
     with IRBuilder() as ib:
         with T.serial(0, 1):  # a frame to build in; the thread launches wrap it below
             task = tirx.Cast(itype, bx)
-            qb = tirx.floormod(task, n_qb)
-            rest = tirx.floordiv(task, n_qb)
-            batch = []
-            for ext in reversed(p.batch_extents):
-                batch.append(tirx.floormod(rest, ext))
-                rest = tirx.floordiv(rest, ext)
-            batch = batch[::-1]
+            qb, batch = split_task(task, n_qb, p.batch_extents)
             row = qb * bq + tirx.Cast(itype, tx)
             kt = T.alloc_buffer((bk, dk), F32, scope="shared")
             vt = T.alloc_buffer((bk, dv), F32, scope="shared")

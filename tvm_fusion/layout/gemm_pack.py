@@ -28,6 +28,7 @@ from tvm import relax, te, tirx
 from tvm.ir.expr import GenericConst
 
 from ..tir_schedules.cpu_target import CpuParams, cpu_params
+from .weight_quant import QuantizedWeight, pack_columns, quantized_weight
 
 PACKED_GEMM = "matmul_packed"
 
@@ -44,8 +45,11 @@ def panel_width(n: int, params: CpuParams) -> int:
     return min(nr, -(-n // lanes) * lanes)
 
 
-def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int) -> te.Tensor:
-    """``x[..., K] · B`` for ``B`` packed as ``bp[⌈n/NR⌉, K, NR]``."""
+def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int, zp: te.Tensor | None = None
+                  ) -> te.Tensor:
+    """``x[..., K] · B`` for ``B`` packed as ``bp[⌈n/NR⌉, K, NR]``. An integer ``bp`` (a
+    weight-only quantized B, unscaled) is widened to float32 as it is read, less its zero
+    point ``zp[⌈n/NR⌉, NR]`` (float32) when there is one."""
     nr = int(bp.shape[2])
     k = te.reduce_axis((0, x.shape[-1]), name="k")
 
@@ -53,7 +57,12 @@ def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int) -> te.Tensor:
         j = idx[-1]
         panel = tirx.floordiv(j, tirx.const(nr, _dtype(j)))
         lane = tirx.floormod(j, tirx.const(nr, _dtype(j)))
-        return te.sum(x[(*idx[:-1], k)] * bp[panel, k, lane], axis=k)
+        b = bp[panel, k, lane]
+        if str(bp.dtype) != "float32":
+            b = b.astype("float32")
+            if zp is not None:
+                b = b - zp[panel, lane]
+        return te.sum(x[(*idx[:-1], k)] * b, axis=k)
 
     return te.compute((*x.shape[:-1], tirx.const(n, "int64")), value, name=PACKED_GEMM)
 
@@ -71,13 +80,15 @@ def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
 
 @relax.expr_functor.mutator
 class _Packer(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, params: CpuParams):
+    def __init__(self, mod: tvm.IRModule, params: CpuParams, quantized_only: bool):
         super().__init__(mod)
         self.params = params
+        self.quantized_only = quantized_only
         self.packed = 0
 
-    def _constant_weight(self, expr) -> tuple[relax.Expr | None, bool]:
-        """(the 2-D float32 constant, transposed) behind ``expr``, or (None, False)."""
+    def _constant_weight(self, expr) -> tuple[relax.Expr | QuantizedWeight | None, bool]:
+        """(the 2-D float32 constant or per-channel quantized weight, transposed) behind
+        ``expr``, or (None, False)."""
         if isinstance(expr, tvm.ir.Var):
             bound = self.lookup_binding(expr)
             if bound is not None:
@@ -92,6 +103,9 @@ class _Packer(relax.PyExprMutator):
             if isinstance(expr, tvm.ir.Var):
                 bound = self.lookup_binding(expr)
                 expr = expr if bound is None else bound
+        quantized = quantized_weight(expr, transposed)
+        if quantized is not None:
+            return quantized, transposed
         if not isinstance(expr, GenericConst):
             return None, False
         shape = [int(s) for s in expr.ty.shape]
@@ -115,26 +129,41 @@ class _Packer(relax.PyExprMutator):
         weight, transposed = self._constant_weight(b)
         if weight is None:
             return call
-        rows, cols = (int(s) for s in weight.ty.shape)
+        quantized = isinstance(weight, QuantizedWeight)
+        if self.quantized_only and not quantized:
+            return call
+        data = weight.q if quantized else weight.value.numpy()
+        rows, cols = data.shape
         n, k = (rows, cols) if transposed else (cols, rows)
         x_k = x_ty.shape[-1]
         if not isinstance(x_k, tirx.IntImm) or int(x_k) != k:
             return call
         nr = panel_width(n, self.params)
-        bp = relax.const(pack_weight(weight.value.numpy(), nr, transposed))
+        bp = relax.const(pack_weight(data, nr, transposed))
         self.packed += 1
-        return self.builder_.call_te(packed_matmul, x, bp, n, primfunc_name_hint=PACKED_GEMM)
+        if not quantized:
+            return self.builder_.call_te(packed_matmul, x, bp, n,
+                                         primfunc_name_hint=PACKED_GEMM)
+        # integers packed as they are; the per-channel scale after the K loop, an
+        # elementwise epilogue that fuses into the GEMM's store (layout/weight_quant.py)
+        zp = (None if weight.zero_point is None
+              else relax.const(pack_columns(weight.zero_point, nr)))
+        acc = self.builder_.emit(self.builder_.call_te(
+            packed_matmul, x, bp, n, zp, primfunc_name_hint=PACKED_GEMM))
+        return relax.op.multiply(acc, relax.const(weight.scale))
 
 
-def PackMatmulWeights(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N802 (a pass)
+def PackMatmulWeights(target: tvm.target.Target,  # noqa: N802 (a pass)
+                      quantized_only: bool = False) -> tvm.transform.Pass:
     """Pack constant matmul weights into GEMM panels on ``llvm`` targets (other targets are
-    left alone): one packed constant per weight."""
+    left alone): one packed constant per weight. ``quantized_only``: only the weight-only
+    quantized ones (run before anything that folds constants)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.PackMatmulWeights")
     def _pack(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if target.kind.name != "llvm":
             return mod
-        packer = _Packer(mod, cpu_params(target))
+        packer = _Packer(mod, cpu_params(target), quantized_only)
         changed = False
         for gvar, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):

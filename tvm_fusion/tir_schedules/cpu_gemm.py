@@ -39,6 +39,9 @@ from .cpu_target import CpuParams
 from .cpu_tile import fold_epilogue_chain
 from .gemm_template import Blocking, Gemm, emit_gemm, parallel_plan
 
+# Integer weight types the packed GEMM widens in registers (layout/weight_quant.py)
+WEIGHT_DTYPES = ("int8", "uint8")
+
 _I0 = tirx.const(0, "int64")
 _ITER_SPATIAL = 0
 _ITER_REDUCE = 2
@@ -53,9 +56,21 @@ class PackedGemm:
     k: tvm.ir.Var
     extents: dict  # iter var name -> extent (PrimExpr)
     x: tvm.ir.Expr  # the A operand: any expression of rows and k
-    bp: tvm.ir.Var  # the packed weight buffer
+    bp: tvm.ir.Var  # the packed weight buffer (float32, or integers widened as read)
     acc: tvm.ir.Var  # the buffer the block accumulates into
     nr: int
+    zp: tvm.ir.Var | None = None  # an integer weight's zero points, [⌈N/NR⌉, NR] float32
+
+    def load_b(self, panel, k, col) -> tvm.ir.Expr:
+        """B at k, column ``col`` of ``panel``: an integer weight widened to float32 in
+        registers, less its zero point (a weight-only quantized GEMM)."""
+        value = tirx.BufferLoad(self.bp, [panel, k, col])
+        if str(self.bp.ty.dtype) == "float32":
+            return value
+        value = tirx.Cast("float32", value)
+        if self.zp is not None:
+            value = value - tirx.BufferLoad(self.zp, [panel, col])
+        return value
 
 
 @dataclass
@@ -87,7 +102,8 @@ def match_packed_gemm(block: SBlock) -> PackedGemm | None:
     if not isinstance(product, tirx.Mul):
         return None
     j, k = spatial[-1].var, reduce[0].var
-    for x, bp in ((product.a, product.b), (product.b, product.a)):
+    for x, b in ((product.a, product.b), (product.b, product.a)):
+        bp, zp = _widened(b, j)
         nr = _packed_read(bp, j, k)
         if nr is not None and not _reads(x, bp.source) and not _reads(x, store.buffer):
             extents = {iv.var.name: iv.dom.extent for iv in block.iter_vars}
@@ -96,8 +112,33 @@ def match_packed_gemm(block: SBlock) -> PackedGemm | None:
             if n is None or kk is None or shape != [-(-n // nr), kk, nr]:
                 return None
             return PackedGemm([iv.var for iv in spatial[:-1]], j, k, extents, x, bp.source,
-                              store.buffer, nr)
+                              store.buffer, nr, zp)
     return None
+
+
+def _widened(expr, j) -> tuple:
+    """(the packed load, the zero-point buffer or None) of B's value: the load itself (a
+    float32 B), or an integer load cast to float32, less ``Zp[j // NR, j % NR]``
+    (``layout/gemm_pack.packed_matmul``'s weight-only quantized form)."""
+    zp = None
+    if isinstance(expr, tirx.Sub) and isinstance(expr.b, TensorLoad) \
+            and len(expr.b.indices) == 2 and _is_column(expr.b.indices, j):
+        zp, expr = expr.b.source, expr.a
+    if isinstance(expr, tirx.Cast) and str(expr.ty) == "float32" \
+            and isinstance(expr.value, TensorLoad) \
+            and str(expr.value.source.ty.dtype) in WEIGHT_DTYPES:
+        return expr.value, zp
+    if zp is None and isinstance(expr, TensorLoad) \
+            and str(expr.source.ty.dtype) == "float32":
+        return expr, None
+    return None, None
+
+
+def _is_column(indices, j) -> bool:
+    """``[j // NR, j % NR]``: one value per column of the packed panels."""
+    panel, lane = indices
+    return (isinstance(panel, tirx.FloorDiv) and isinstance(lane, tirx.FloorMod)
+            and _is_var(panel.a, j) and _is_var(lane.a, j))
 
 
 def _is_load_of(expr, buffer, indices) -> bool:
@@ -299,12 +340,14 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams) -> tuple[tirx.Stmt, str]:
         return store.buffer, [_substitute(i, mapping) for i in store.indices]
 
     mr, _ = params.gemm_tile(match.nr)
-    kc, nc = params.gemm_blocks(mr, match.nr)
+    b_bytes = tvm.DataType(str(match.bp.ty.dtype)).bits // 8
+    kc, nc = params.gemm_blocks(mr, match.nr, b_bytes)
     blocking = Blocking(mr, match.nr, params.lanes, kc, max(nc, match.nr))
     spec = Gemm(const_int(rows) if const_int(rows) is not None else rows, n, k, load_a,
-                match.bp, partial_at, final)
+                match.load_b, partial_at, final)
     nest = emit_gemm(spec, blocking, params.cores)
-    note = (f"{blocking.describe()}; {parallel_plan(n, blocking, params.cores)[0]}"
+    widened = "" if b_bytes == 4 else f"; {match.bp.ty.dtype} weights widened in registers"
+    note = (f"{blocking.describe()}{widened}; {parallel_plan(n, blocking, params.cores)[0]}"
             + ("; A copied row-major first" if prologue else ""))
     return tirx.SeqStmt([*prologue, nest]) if prologue else nest, note
 

@@ -43,6 +43,9 @@ STREAM_ROW_TILES = 4
 
 # A load of A at (row, k).
 LoadA = Callable[[tvm.ir.Expr, tvm.ir.Expr], tvm.ir.Expr]
+# B's float32 value at (panel, k, column of the panel): a load of the packed panel, or an
+# integer weight's load widened in registers.
+LoadB = Callable[[tvm.ir.Expr, tvm.ir.Expr, tvm.ir.Expr], tvm.ir.Expr]
 # Where the running sum of C[row, col] is kept between K blocks: (buffer, indices).
 PartialAt = Callable[[tvm.ir.Expr, tvm.ir.Expr], tuple]
 # The final store of C[row, col] = value, with the epilogue applied.
@@ -67,13 +70,14 @@ class Blocking:
 @dataclass
 class Gemm:
     """What the nest computes: ``rows`` (M with any batch dimensions folded in; may be
-    symbolic) × ``n`` × ``k``, A read through ``load_a``, the packed B, and where C goes."""
+    symbolic) × ``n`` × ``k``, A read through ``load_a``, the packed B through ``load_b``,
+    and where C goes."""
 
     rows: tvm.ir.Expr
     n: int
     k: int
     load_a: LoadA
-    bp: tvm.ir.Var  # the packed B buffer, [⌈n/NR⌉, k, NR]
+    load_b: LoadB  # reads the packed B, [⌈n/NR⌉, k, NR]
     partial_at: PartialAt
     store: StoreC
 
@@ -141,7 +145,7 @@ class _Emitter:
             def fma(r, c):
                 cur = tirx.BufferLoad(acc, [r, c])
                 return tirx.BufferStore(
-                    acc, cur + g.load_a(row0 + r, k) * tirx.BufferLoad(g.bp, [panel, k, c]),
+                    acc, cur + g.load_a(row0 + r, k) * g.load_b(panel, k, c),
                     [r, c])
             return self._each(rows, fma)
 

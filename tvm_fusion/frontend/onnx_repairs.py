@@ -180,5 +180,44 @@ def range_(ctx, node, attr, inputs, values):
     return out
 
 
+# --------------------------------------------------------------------------------------------
+# DequantizeLinear with blocks
+# --------------------------------------------------------------------------------------------
+
+
+@_converter("DequantizeLinear", "blocked_dequantize")
+def blocked_dequantize(ctx, node, attr, inputs, values):
+    """Opset 21's block-wise DequantizeLinear (``block_size``: one scale, and zero point, per
+    ``block_size`` consecutive elements along ``axis``), which TVM 0.27's converter refuses
+    ("blocked quantization is not supported yet"): ``(x − zp) · scale`` with the scale and zero
+    point repeated ``block_size`` times along the axis (cut to its length). A constant weight
+    in this form is kept as integers by the packed GEMM (``layout/weight_quant.py``)."""
+    block = int(attr.get("block_size", 0))
+    if block <= 0:
+        return None  # per tensor or per axis: TVM's converter
+    x, scale = inputs[0], inputs[1]
+    zp = inputs[2] if len(inputs) > 2 else None
+    dims = _dims(ctx, x)
+    if dims is None or _dims(ctx, scale) is None:
+        return None
+    axis = int(attr.get("axis", 1)) % len(dims)
+    if not isinstance(dims[axis], (int, tirx.IntImm)):
+        return None
+    length = int(dims[axis])
+    out_dtype = str(scale.ty.dtype)
+
+    def spread(t):
+        out = ctx.bb.emit(relax.op.repeat(t, block, axis))
+        if int(out.ty.shape[axis]) != length:
+            out = ctx.bb.emit(relax.op.strided_slice(out, [axis], [0], [length]))
+        return out
+
+    value = ctx.bb.emit(relax.op.astype(x, out_dtype))
+    if zp is not None:
+        value = ctx.bb.emit(relax.op.subtract(
+            value, ctx.bb.emit(relax.op.astype(spread(zp), out_dtype))))
+    return relax.op.multiply(value, spread(scale))
+
+
 REPAIRS = frozenset(fn.repair for fn in CONVERTERS.values())
 

@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 import tvm
 from conftest import TARGET
+from onnx import TensorProto, helper, numpy_helper
 from tvm import relax, s_tir
 from tvm.ir.expr import GenericConst
 
 from tvm_fusion.compile import compile_model, fuse, import_onnx, run
+from tvm_fusion.frontend import ALL_REPAIRS, FrontendError, from_onnx
+from tvm_fusion.models.graph import make_model, value_info
 from tvm_fusion.models.weight_only import weight_only_matmul, weight_only_mlp
 from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.tir_schedules.fused_block import SCHEDULE_ATTR
@@ -135,15 +138,10 @@ def test_scale_along_k_keeps_the_float32_path():
     node = next(n for n in model.graph.node if n.op_type == "DequantizeLinear")
     scale = next(i for i in model.graph.initializer if i.name == node.input[1])
     values = np.random.default_rng(0).uniform(0.01, 0.02, 40).astype("float32")
-    scale.CopyFrom(tvm_fusion_tensor(scale.name, values))
+    scale.CopyFrom(numpy_helper.from_array(values, scale.name))
     node.attribute[0].i = 0
     mod = _compare_all(model, _x(3, 40))
     assert "widened" not in _notes(mod)
-
-
-def tvm_fusion_tensor(name, values):
-    from onnx import numpy_helper
-    return numpy_helper.from_array(values, name)
 
 
 def test_per_tensor_scale_and_avx2_codegen():
@@ -152,9 +150,53 @@ def test_per_tensor_scale_and_avx2_codegen():
     model = weight_only_matmul(6, 48, 48)
     node = next(n for n in model.graph.node if n.op_type == "DequantizeLinear")
     scale = next(i for i in model.graph.initializer if i.name == node.input[1])
-    scale.CopyFrom(tvm_fusion_tensor(scale.name, np.float32(0.01)))
+    scale.CopyFrom(numpy_helper.from_array(np.float32(0.01), scale.name))
     del node.attribute[:]
     mod = _compare_all(model, _x(6, 48), target=ZEN3)
     assert "int8 weights widened in registers" in _notes(mod)
     asm = compile_model(import_onnx(model), ZEN3).mod.imports[0].inspect_source("asm")
     assert "vpmovsxbd" in asm and "vcvtdq2ps" in asm
+
+
+@pytest.mark.parametrize("variant", [
+    {"block": 32}, {"block": 16, "transposed": True, "zero_point": True},
+])
+def test_block_wise_weights_scaled_in_the_k_loop(variant):
+    """Opset 21's block-wise DequantizeLinear (TVM 0.27's importer refuses it; the frontend's
+    ``blocked_dequantize`` repair imports it): the integers stay packed, each block's scale is
+    applied in the k loop (K = 67: a last block of 3), and no float32 copy of a weight is left."""
+    model = weight_only_mlp("M", HIDDEN, INTER, **variant)
+    with pytest.raises(FrontendError, match="blocked quantization"):
+        from_onnx(model, repairs=ALL_REPAIRS - {"blocked_dequantize"})
+    mod = _compare_all(model, [_x(m, HIDDEN) for m in (1, 6)])
+    block = variant["block"]
+    assert _notes(mod).count(f"scaled per block of {block} k") == 3, _notes(mod)
+    assert not _float32_weight_copies(mod, HIDDEN * INTER)
+
+
+def _int4_matmul(k, n, dtype):
+    """``x · dq(W)`` with W an int4/uint4 initializer per output channel (opset 21)."""
+    rng = np.random.default_rng(0)
+    signed = dtype == TensorProto.INT4
+    q = rng.integers(-8, 8, (k, n)) if signed else rng.integers(0, 16, (k, n))
+    inits = [helper.make_tensor("wq", dtype, [k, n], q.flatten().tolist()),
+             numpy_helper.from_array(rng.uniform(0.01, 0.1, n).astype("float32"), "ws")]
+    inputs = ["wq", "ws"]
+    if not signed:
+        inits.append(helper.make_tensor("wz", dtype, [n], [8] * n))
+        inputs.append("wz")
+    nodes = [helper.make_node("DequantizeLinear", inputs, ["w"], axis=1),
+             helper.make_node("MatMul", ["x", "w"], ["y"])]
+    return make_model("int4", nodes, [value_info("x", ["M", k])], ["y"], inits, opset=21,
+                      ir_version=10)
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT4, TensorProto.UINT4])
+def test_int4_weights_imported_as_8_bit(dtype):
+    """TVM 0.27 cannot read a 4-bit initializer (``TensorCopyFromBytes: size mismatch``); the
+    ``int4_weights`` repair widens it to 8 bits, and the packed GEMM keeps those."""
+    model = _int4_matmul(40, 30, dtype)
+    with pytest.raises(Exception, match="size mismatch"):
+        from_onnx(model, repairs=ALL_REPAIRS - {"int4_weights"})
+    mod = _compare_all(model, [_x(3, 40)])
+    assert "8 weights widened in registers" in _notes(mod)

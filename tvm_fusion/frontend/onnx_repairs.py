@@ -16,7 +16,7 @@ from tvm import relax, tirx
 
 from .shape_values import is_concrete
 
-__all__ = ["CONVERTERS", "REPAIRS"]
+__all__ = ["CONVERTERS", "REPAIRS", "widen_int4_initializers"]
 
 CONVERTERS: dict[str, Callable] = {}
 
@@ -217,6 +217,33 @@ def blocked_dequantize(ctx, node, attr, inputs, values):
         value = ctx.bb.emit(relax.op.subtract(
             value, ctx.bb.emit(relax.op.astype(spread(zp), out_dtype))))
     return relax.op.multiply(value, spread(scale))
+
+
+# --------------------------------------------------------------------------------------------
+# 4-bit initializers
+# --------------------------------------------------------------------------------------------
+
+_WIDER = {onnx.TensorProto.INT4: (onnx.TensorProto.INT8, np.int8),
+          onnx.TensorProto.UINT4: (onnx.TensorProto.UINT8, np.uint8)}
+
+
+def widen_int4_initializers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """The model with its int4/uint4 initializers as int8/uint8 of the same values, and how
+    many there were. TVM 0.27's importer fails on a 4-bit initializer (``TensorCopyFromBytes:
+    size mismatch``: ONNX packs two per byte, TVM's ``int4`` tensor is read as one per byte);
+    DequantizeLinear, their usual reader, gives the same result from the wider type, and the
+    packed GEMM keeps them as 8-bit integers (not two per byte)."""
+    found = [t for t in model.graph.initializer if t.data_type in _WIDER]
+    if not found:
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for tensor in out.graph.initializer:
+        if tensor.data_type in _WIDER:
+            values = np.asarray(onnx.numpy_helper.to_array(tensor)).astype(
+                _WIDER[tensor.data_type][1])
+            tensor.CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
+    return out, len(found)
 
 
 REPAIRS = frozenset(fn.repair for fn in CONVERTERS.values())

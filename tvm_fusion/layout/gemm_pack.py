@@ -45,11 +45,13 @@ def panel_width(n: int, params: CpuParams) -> int:
     return min(nr, -(-n // lanes) * lanes)
 
 
-def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int, zp: te.Tensor | None = None
-                  ) -> te.Tensor:
+def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int, zp: te.Tensor | None = None,
+                  scale: te.Tensor | None = None, block: int = 0) -> te.Tensor:
     """``x[..., K] · B`` for ``B`` packed as ``bp[⌈n/NR⌉, K, NR]``. An integer ``bp`` (a
-    weight-only quantized B, unscaled) is widened to float32 as it is read, less its zero
-    point ``zp[⌈n/NR⌉, NR]`` (float32) when there is one."""
+    weight-only quantized B) is widened to float32 as it is read, less its zero point (float32,
+    ``zp[⌈n/NR⌉, NR]`` per column or ``[⌈n/NR⌉, ⌈K/block⌉, NR]`` per block) when there is one;
+    a block-wise weight is then multiplied by its block's ``scale[⌈n/NR⌉, ⌈K/block⌉, NR]``
+    (a per-column scale is applied after the sum, by the caller)."""
     nr = int(bp.shape[2])
     k = te.reduce_axis((0, x.shape[-1]), name="k")
 
@@ -59,9 +61,12 @@ def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int, zp: te.Tensor | None = No
         lane = tirx.floormod(j, tirx.const(nr, _dtype(j)))
         b = bp[panel, k, lane]
         if str(bp.dtype) != "float32":
+            kb = tirx.floordiv(k.var, tirx.const(block or 1, _dtype(k.var)))
             b = b.astype("float32")
             if zp is not None:
-                b = b - zp[panel, lane]
+                b = b - (zp[panel, lane] if len(zp.shape) == 2 else zp[panel, kb, lane])
+            if scale is not None:
+                b = b * scale[panel, kb, lane]
         return te.sum(x[(*idx[:-1], k)] * b, axis=k)
 
     return te.compute((*x.shape[:-1], tirx.const(n, "int64")), value, name=PACKED_GEMM)
@@ -86,6 +91,9 @@ class _Packer(relax.PyExprMutator):
         self.quantized_only = quantized_only
         self.packed = 0
 
+    def _bound(self, var):
+        return self.lookup_binding(var)
+
     def _constant_weight(self, expr) -> tuple[relax.Expr | QuantizedWeight | None, bool]:
         """(the 2-D float32 constant or per-channel quantized weight, transposed) behind
         ``expr``, or (None, False)."""
@@ -103,7 +111,7 @@ class _Packer(relax.PyExprMutator):
             if isinstance(expr, tvm.ir.Var):
                 bound = self.lookup_binding(expr)
                 expr = expr if bound is None else bound
-        quantized = quantized_weight(expr, transposed)
+        quantized = quantized_weight(expr, transposed, self._bound)
         if quantized is not None:
             return quantized, transposed
         if not isinstance(expr, GenericConst):
@@ -148,6 +156,10 @@ class _Packer(relax.PyExprMutator):
         # elementwise epilogue that fuses into the GEMM's store (layout/weight_quant.py)
         zp = (None if weight.zero_point is None
               else relax.const(pack_columns(weight.zero_point, nr)))
+        if weight.block:  # block-wise: each block's scale inside the sum
+            return self.builder_.call_te(
+                packed_matmul, x, bp, n, zp, relax.const(pack_columns(weight.scale, nr)),
+                weight.block, primfunc_name_hint=PACKED_GEMM)
         acc = self.builder_.emit(self.builder_.call_te(
             packed_matmul, x, bp, n, zp, primfunc_name_hint=PACKED_GEMM))
         return relax.op.multiply(acc, relax.const(weight.scale))

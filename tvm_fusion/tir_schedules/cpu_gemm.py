@@ -59,17 +59,26 @@ class PackedGemm:
     bp: tvm.ir.Var  # the packed weight buffer (float32, or integers widened as read)
     acc: tvm.ir.Var  # the buffer the block accumulates into
     nr: int
-    zp: tvm.ir.Var | None = None  # an integer weight's zero points, [⌈N/NR⌉, NR] float32
+    # an integer weight's zero points and block scales (float32): per column [⌈N/NR⌉, NR],
+    # or per block of ``block`` k and column [⌈N/NR⌉, ⌈K/block⌉, NR]
+    zp: tvm.ir.Var | None = None
+    scale: tvm.ir.Var | None = None
+    block: int = 0
 
     def load_b(self, panel, k, col) -> tvm.ir.Expr:
         """B at k, column ``col`` of ``panel``: an integer weight widened to float32 in
-        registers, less its zero point (a weight-only quantized GEMM)."""
+        registers, less its zero point, times its block's scale (a weight-only quantized
+        GEMM; a per-column scale is the epilogue's)."""
         value = tirx.BufferLoad(self.bp, [panel, k, col])
         if str(self.bp.ty.dtype) == "float32":
             return value
+        kb = tirx.floordiv(k, tirx.const(self.block or 1, "int64"))
         value = tirx.Cast("float32", value)
         if self.zp is not None:
-            value = value - tirx.BufferLoad(self.zp, [panel, col])
+            at = [panel, col] if len(self.zp.shape) == 2 else [panel, kb, col]
+            value = value - tirx.BufferLoad(self.zp, at)
+        if self.scale is not None:
+            value = value * tirx.BufferLoad(self.scale, [panel, kb, col])
         return value
 
 
@@ -103,7 +112,7 @@ def match_packed_gemm(block: SBlock) -> PackedGemm | None:
         return None
     j, k = spatial[-1].var, reduce[0].var
     for x, b in ((product.a, product.b), (product.b, product.a)):
-        bp, zp = _widened(b, j)
+        bp, zp, scale, kb_size = _widened(b, j, k)
         nr = _packed_read(bp, j, k)
         if nr is not None and not _reads(x, bp.source) and not _reads(x, store.buffer):
             extents = {iv.var.name: iv.dom.extent for iv in block.iter_vars}
@@ -111,27 +120,40 @@ def match_packed_gemm(block: SBlock) -> PackedGemm | None:
             shape = [const_int(d) for d in bp.source.shape]
             if n is None or kk is None or shape != [-(-n // nr), kk, nr]:
                 return None
+            if kb_size and const_int(scale.shape[1]) != -(-kk // kb_size):
+                return None
             return PackedGemm([iv.var for iv in spatial[:-1]], j, k, extents, x, bp.source,
-                              store.buffer, nr, zp)
+                              store.buffer, nr, zp, scale, kb_size)
     return None
 
 
-def _widened(expr, j) -> tuple:
-    """(the packed load, the zero-point buffer or None) of B's value: the load itself (a
-    float32 B), or an integer load cast to float32, less ``Zp[j // NR, j % NR]``
-    (``layout/gemm_pack.packed_matmul``'s weight-only quantized form)."""
+def _widened(expr, j, k) -> tuple:
+    """(the packed load, zero-point buffer, block-scale buffer, block) of B's value: the load
+    itself (a float32 B), or ``layout/gemm_pack.packed_matmul``'s weight-only quantized form:
+    an integer load cast to float32, less ``Zp[j // NR, j % NR]`` (or ``Zp[j // NR, k // KB,
+    j % NR]``), times ``S[j // NR, k // KB, j % NR]`` for a block-wise weight."""
+    none = (None, None, None, 0)
+    scale, block = None, 0
+    if isinstance(expr, tirx.Mul) and isinstance(expr.b, TensorLoad):
+        block = _block_of(expr.b.indices, j, k)
+        if not block:
+            return none
+        scale, expr = expr.b.source, expr.a
     zp = None
-    if isinstance(expr, tirx.Sub) and isinstance(expr.b, TensorLoad) \
-            and len(expr.b.indices) == 2 and _is_column(expr.b.indices, j):
+    if isinstance(expr, tirx.Sub) and isinstance(expr.b, TensorLoad):
+        indices = expr.b.indices
+        if not (len(indices) == 2 and _is_column(indices, j)) and \
+                not (scale is not None and _block_of(indices, j, k) == block):
+            return none
         zp, expr = expr.b.source, expr.a
     if isinstance(expr, tirx.Cast) and str(expr.ty) == "float32" \
             and isinstance(expr.value, TensorLoad) \
             and str(expr.value.source.ty.dtype) in WEIGHT_DTYPES:
-        return expr.value, zp
-    if zp is None and isinstance(expr, TensorLoad) \
+        return expr.value, zp, scale, block
+    if zp is None and scale is None and isinstance(expr, TensorLoad) \
             and str(expr.source.ty.dtype) == "float32":
-        return expr, None
-    return None, None
+        return expr, None, None, 0
+    return none
 
 
 def _is_column(indices, j) -> bool:
@@ -139,6 +161,17 @@ def _is_column(indices, j) -> bool:
     panel, lane = indices
     return (isinstance(panel, tirx.FloorDiv) and isinstance(lane, tirx.FloorMod)
             and _is_var(panel.a, j) and _is_var(lane.a, j))
+
+
+def _block_of(indices, j, k) -> int:
+    """KB when ``indices`` are ``[j // NR, k // KB, j % NR]`` (a value per block of KB k and
+    per column), else 0."""
+    if len(indices) != 3 or not _is_column([indices[0], indices[2]], j):
+        return 0
+    kb = indices[1]
+    if not (isinstance(kb, tirx.FloorDiv) and _is_var(kb.a, k)):
+        return 0
+    return const_int(kb.b) or 0
 
 
 def _is_load_of(expr, buffer, indices) -> bool:
@@ -347,6 +380,8 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams) -> tuple[tirx.Stmt, str]:
                 match.load_b, partial_at, final)
     nest = emit_gemm(spec, blocking, params.cores)
     widened = "" if b_bytes == 4 else f"; {match.bp.ty.dtype} weights widened in registers"
+    if match.scale is not None:
+        widened += f", scaled per block of {match.block} k"
     note = (f"{blocking.describe()}{widened}; {parallel_plan(n, blocking, params.cores)[0]}"
             + ("; A copied row-major first" if prologue else ""))
     return tirx.SeqStmt([*prologue, nest]) if prologue else nest, note

@@ -12,6 +12,7 @@ import pytest
 import tvm
 from conftest import TARGET
 from onnx import TensorProto, helper, numpy_helper
+from test_cpu_gemm import AARCH64, AVX512, ZEN3, _asm, _fma_loops
 from tvm import relax, s_tir
 from tvm.ir.expr import GenericConst
 
@@ -20,10 +21,10 @@ from tvm_fusion.frontend import ALL_REPAIRS, FrontendError, from_onnx
 from tvm_fusion.models.graph import make_model, value_info
 from tvm_fusion.models.weight_only import weight_only_matmul, weight_only_mlp
 from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.tir_schedules.cpu_target import cpu_params
 from tvm_fusion.tir_schedules.fused_block import SCHEDULE_ATTR
 from tvm_fusion.tir_utils import find_all
 
-ZEN3 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 1})
 # Odd sizes: N = 97 leaves a tail panel, K = 67 an odd k loop
 HIDDEN, INTER = 67, 97
 
@@ -144,6 +145,22 @@ def test_scale_along_k_keeps_the_float32_path():
     assert "widened" not in _notes(mod)
 
 
+@pytest.mark.parametrize("block", [None, 32], ids=["per_channel", "block_wise"])
+@pytest.mark.parametrize("target", [ZEN3, AVX512, AARCH64], ids=["avx2", "avx512", "aarch64"])
+def test_widening_micro_kernel_keeps_its_accumulators_in_registers(target, block):
+    """Compile only: the int8 tile's k loop (2·MR·NR/lanes FMAs per iteration) moves no vector
+    to or from the stack. The tile comes from ``CpuParams.gemm_tile(widened=...)``: AArch64's
+    8×12 spilled with int8 weights (7×12 does not), AVX2's 4×24 with block scales (3×24)."""
+    if "aarch64" in str(target) and "aarch64" not in str(
+            tvm.target.codegen.llvm_get_targets()):
+        pytest.skip("LLVM built without the AArch64 backend")
+    params = cpu_params(target)
+    mr, nr = params.gemm_tile(widened=True, block_scales=block is not None)
+    loops = _fma_loops(_asm(weight_only_matmul(3 * mr, 300, 4 * nr, block=block), target))
+    main = [loop for loop in loops if loop[1] == 2 * mr * nr // params.lanes]
+    assert main and all(stack == 0 for _, _, stack in main), (mr, nr, loops)
+
+
 def test_per_tensor_scale_and_avx2_codegen():
     """One scale for the whole weight; compiled for Zen 3 (AVX2): the int8 lanes are widened
     and converted in the k loop."""
@@ -200,3 +217,13 @@ def test_int4_weights_imported_as_8_bit(dtype):
         from_onnx(model, repairs=ALL_REPAIRS - {"int4_weights"})
     mod = _compare_all(model, [_x(3, 40)])
     assert "8 weights widened in registers" in _notes(mod)
+
+
+def test_tile_and_blocks_for_a_widened_weight():
+    """The register model with the widening's registers, and cache blocks of 1-byte B
+    elements: Zen 3's L1 holds a 704-deep 4×24 sliver pair (A float32, B int8)."""
+    zen3 = cpu_params(ZEN3)
+    assert zen3.gemm_tile(widened=True) == (4, 24)
+    assert zen3.gemm_tile(widened=True, block_scales=True) == (3, 24)
+    assert zen3.gemm_blocks(4, 24, b_bytes=1) == (704, 360)
+    assert zen3.gemm_blocks(4, 24) == (256, 240)  # float32 unchanged

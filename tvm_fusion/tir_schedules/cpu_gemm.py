@@ -372,8 +372,9 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams) -> tuple[tirx.Stmt, str]:
         mapping = at(m, jj)
         return store.buffer, [_substitute(i, mapping) for i in store.indices]
 
-    mr, _ = params.gemm_tile(match.nr)
     b_bytes = tvm.DataType(str(match.bp.ty.dtype)).bits // 8
+    mr, _ = params.gemm_tile(match.nr, widened=b_bytes != 4,
+                             block_scales=match.scale is not None)
     kc, nc = params.gemm_blocks(mr, match.nr, b_bytes)
     blocking = Blocking(mr, match.nr, params.lanes, kc, max(nc, match.nr))
     spec = Gemm(const_int(rows) if const_int(rows) is not None else rows, n, k, load_a,

@@ -15,6 +15,12 @@ data, so the module holds the packed weight only (what MLAS's ``MlasGemmPackB`` 
 session creation); packing in numpy, not as a TIR function folded by ``FoldConstant``, keeps
 the pass at milliseconds (folding built one LLVM function per weight shape: seconds per model).
 
+A weight-only quantized weight (``R.dequantize`` of an int8/uint8 constant per output channel,
+or the frontend's block-wise form: :mod:`.weight_quant`) is packed as integers into the same
+panels; ``matmul_packed`` widens them to float32 as it reads them (less the zero point, times a
+block's scale), and a per-channel scale becomes an elementwise multiply after it, an epilogue.
+Those are packed by a first run (``quantized_only``) before the rewriting's ``FoldConstant``.
+
 ``matmul_packed`` is an ordinary reduction for legalisation, TVM's op patterns and fusion: the
 epilogues fuse into it as into a matmul; ``ScheduleFusedBlocks`` recognises its read of ``Bp``
 and emits the packed GEMM nest (``tir_schedules/cpu_gemm.py``).

@@ -5,13 +5,14 @@ Runtime on the int8 model, in one process, calls alternating, one thread each.
 
     TVM_NUM_THREADS=1 taskset -c 1 python scripts/bench_weight_only.py [--seconds 3]
         [--peak-gflops 100.5] [--bandwidth 15.7] [--target '{"kind":"llvm","mcpu":"znver3"}']
-        [--only 1x2048x5632] [--block 32]
+        [--only 1x2048x5632] [--block 32] [--mlp --only 1x2048x5632,32x2048x5632]
 
 Prints a Markdown table: ms of each, the int8 kernel's share of the FMA peak (or, for M = 1,
 of the read bandwidth: it streams K·N bytes of weight once), and the speed of the int8 GEMM
 relative to the float32 one and to ONNX Runtime (their time over ours, > 1 is faster).
 ``--block B`` quantizes in blocks of B along K instead (opset 21's ``block_size``; the scale
-is then applied in the k loop).
+is then applied in the k loop). ``--mlp``: Llama's MLP (SwiGLU; ``MxKxN``: M rows, hidden
+K, intermediate N), three such weights.
 
 ONNX Runtime 1.2x rewrites ``DequantizeLinear → MatMul`` of an int8 weight into its contrib
 ``MatMulNBits`` (8 bits, accuracy level 4: the activations quantized to int8 per block), so
@@ -36,7 +37,7 @@ import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 
 from tvm_fusion.compile import compile_model, import_onnx  # noqa: E402
-from tvm_fusion.models.weight_only import weight_only_matmul  # noqa: E402
+from tvm_fusion.models.weight_only import weight_only_matmul, weight_only_mlp  # noqa: E402
 from tvm_fusion.target import host_target_dict  # noqa: E402
 
 SHAPES = [(m, k, n) for k, n in ((2048, 5632), (5632, 2048)) for m in (1, 32, 128)]
@@ -55,9 +56,14 @@ def _tvm(model, target):
     return vm["main"]
 
 
-def run_shape(m: int, k: int, n: int, target, seconds: float, block: int | None = None) -> dict:
-    quantized = weight_only_matmul(m, k, n, block=block)
-    fp32 = weight_only_matmul(m, k, n, block=block, float_weights=True)
+def run_shape(m: int, k: int, n: int, target, seconds: float, block: int | None = None,
+              mlp: bool = False) -> dict:
+    if mlp:  # Llama's MLP: hidden k, intermediate n (gate, up, down: 3·k·n weights)
+        quantized = weight_only_mlp(m, k, n, block=block)
+        fp32 = weight_only_mlp(m, k, n, block=block, float_weights=True)
+    else:
+        quantized = weight_only_matmul(m, k, n, block=block)
+        fp32 = weight_only_matmul(m, k, n, block=block, float_weights=True)
     x = np.random.default_rng(1).standard_normal((m, k)).astype("float32")
     xt = tvm.runtime.tensor(x)
     int8_f, fp32_f, session = _tvm(quantized, target), _tvm(fp32, target), _ort(quantized)
@@ -76,7 +82,7 @@ def run_shape(m: int, k: int, n: int, target, seconds: float, block: int | None 
             call()
             times[name].append(time.perf_counter() - start)
     med = {name: statistics.median(t) for name, t in times.items()}
-    return {"m": m, "k": k, "n": n, "block": block,
+    return {"m": m, "k": k, "n": n, "block": block, "mlp": mlp,
             **{f"{k_}_ms": v * 1e3 for k_, v in med.items()},
             "err_vs_ort": float(np.abs(got - expected).max()) / scale,
             "err_vs_fp32": float(np.abs(got - ref32).max()) / scale, "calls": len(times["int8"])}
@@ -87,12 +93,16 @@ def table(rows: list[dict], peak: float, bandwidth: float) -> str:
              "fp32 / int8 | ORT / int8 |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["int8_ms"] / 1e3
+        weights = 3 if r.get("mlp") else 1
         if r["m"] == 1:
-            share = f"{100 * r['k'] * r['n'] / t / 1e9 / bandwidth:.0f} % of bw"
+            share = f"{100 * weights * r['k'] * r['n'] / t / 1e9 / bandwidth:.0f} % of bw"
         else:
-            share = f"{100 * 2 * r['m'] * r['k'] * r['n'] / t / 1e9 / peak:.0f} % of peak"
+            flop = 2 * weights * r["m"] * r["k"] * r["n"]
+            share = f"{100 * flop / t / 1e9 / peak:.0f} % of peak"
         block = f" (blocks of {r['block']})" if r.get("block") else ""
-        lines.append(f"| {r['m']}×{r['k']}×{r['n']}{block} | {r['fp32_ms']:.3f} | "
+        name = f"MLP {r['m']}×{r['k']}→{r['n']}" if r.get("mlp") else \
+            f"{r['m']}×{r['k']}×{r['n']}"
+        lines.append(f"| {name}{block} | {r['fp32_ms']:.3f} | "
                      f"{r['int8_ms']:.3f} | "
                      f"{r['ort_ms']:.3f} | {share} | {r['fp32_ms'] / r['int8_ms']:.2f} | "
                      f"{r['ort_ms'] / r['int8_ms']:.2f} |")
@@ -108,13 +118,15 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default=None, help="MxKxN[,MxKxN...]")
     parser.add_argument("--json", default=None, help="write the rows here")
     parser.add_argument("--block", type=int, default=None, help="block size along K")
+    parser.add_argument("--mlp", action="store_true",
+                        help="Llama's MLP (hidden K, intermediate N) instead of one MatMul")
     args = parser.parse_args(argv)
     target = tvm.target.Target(json.loads(args.target) if args.target else host_target_dict())
     shapes = SHAPES if not args.only else [
         tuple(int(v) for v in s.split("x")) for s in args.only.split(",")]
     rows = []
     for m, k, n in shapes:
-        rows.append(run_shape(m, k, n, target, args.seconds, args.block))
+        rows.append(run_shape(m, k, n, target, args.seconds, args.block, args.mlp))
         print(json.dumps(rows[-1]), flush=True)
     print(f"\n{datetime.date.today()}, target {target}, TVM_NUM_THREADS="
           f"{os.environ.get('TVM_NUM_THREADS')}\n")

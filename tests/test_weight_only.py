@@ -149,16 +149,21 @@ def test_scale_along_k_keeps_the_float32_path():
 @pytest.mark.parametrize("target", [ZEN3, AVX512, AARCH64], ids=["avx2", "avx512", "aarch64"])
 def test_widening_micro_kernel_keeps_its_accumulators_in_registers(target, block):
     """Compile only: the int8 tile's k loop (2·MR·NR/lanes FMAs per iteration) moves no vector
-    to or from the stack. The tile comes from ``CpuParams.gemm_tile(widened=...)``: AArch64's
+    to or from the stack, widening B in registers or reading the converted block. The tile
+    comes from ``CpuParams.gemm_tile(widened=...)``: AArch64's
     8×12 spilled with int8 weights (7×12 does not), AVX2's 4×24 with block scales (3×24)."""
     if "aarch64" in str(target) and "aarch64" not in str(
             tvm.target.codegen.llvm_get_targets()):
         pytest.skip("LLVM built without the AArch64 backend")
     params = cpu_params(target)
     mr, nr = params.gemm_tile(widened=True, block_scales=block is not None)
-    loops = _fma_loops(_asm(weight_only_matmul(3 * mr, 300, 4 * nr, block=block), target))
-    main = [loop for loop in loops if loop[1] == 2 * mr * nr // params.lanes]
-    assert main and all(stack == 0 for _, _, stack in main), (mr, nr, loops)
+    # 3·MR rows widen B in the k loop (streaming); 6·MR rows convert each B block once into
+    # float32 and run the float32 k loop on it (staged)
+    for rows in (3 * mr, 6 * mr):
+        loops = _fma_loops(_asm(weight_only_matmul(rows, 300, 4 * nr, block=block), target))
+        # (LLVM may unroll the staged loop once more: a multiple of the pair's FMAs)
+        main = [loop for loop in loops if loop[1] % (2 * mr * nr // params.lanes) == 0]
+        assert main and all(stack == 0 for _, _, stack in main), (rows, mr, nr, loops)
 
 
 def test_per_tensor_scale_and_avx2_codegen():
@@ -219,11 +224,11 @@ def test_int4_weights_imported_as_8_bit(dtype):
     assert "8 weights widened in registers" in _notes(mod)
 
 
-def test_tile_and_blocks_for_a_widened_weight():
-    """The register model with the widening's registers, and cache blocks of 1-byte B
-    elements: Zen 3's L1 holds a 704-deep 4×24 sliver pair (A float32, B int8)."""
-    zen3 = cpu_params(ZEN3)
-    assert zen3.gemm_tile(widened=True) == (4, 24)
-    assert zen3.gemm_tile(widened=True, block_scales=True) == (3, 24)
-    assert zen3.gemm_blocks(4, 24, b_bytes=1) == (704, 360)
-    assert zen3.gemm_blocks(4, 24) == (256, 240)  # float32 unchanged
+def test_tile_for_a_widened_weight():
+    """The register model with the widening's registers: x86 widens into the B register, a
+    block-wise weight needs a scale vector per B vector, NEON widens in two steps."""
+    assert cpu_params(ZEN3).gemm_tile(widened=True) == (4, 24)
+    assert cpu_params(ZEN3).gemm_tile(widened=True, block_scales=True) == (3, 24)
+    assert cpu_params(AVX512).gemm_tile(widened=True, block_scales=True) == (12, 32)
+    assert cpu_params(AARCH64).gemm_tile(widened=True) == (7, 12)
+    assert cpu_params(ZEN3).gemm_tile() == (4, 24)  # float32 unchanged

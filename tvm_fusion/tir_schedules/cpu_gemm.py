@@ -37,7 +37,7 @@ from ..tir_utils import buffer_loads, buffer_stores, const_int, find_all, iter_s
 from .analysis import param_names, root_block, stride_in_last_dim, written_only_before
 from .cpu_target import CpuParams
 from .cpu_tile import fold_epilogue_chain
-from .gemm_template import Blocking, Gemm, emit_gemm, parallel_plan
+from .gemm_template import STREAM_ROW_TILES, Blocking, Gemm, emit_gemm, parallel_plan
 
 # Integer weight types the packed GEMM widens in registers (layout/weight_quant.py)
 WEIGHT_DTYPES = ("int8", "uint8")
@@ -375,12 +375,16 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams) -> tuple[tirx.Stmt, str]:
     b_bytes = tvm.DataType(str(match.bp.ty.dtype)).bits // 8
     mr, _ = params.gemm_tile(match.nr, widened=b_bytes != 4,
                              block_scales=match.scale is not None)
-    kc, nc = params.gemm_blocks(mr, match.nr, b_bytes)
+    # float32 B's cache blocks also for an 8-bit B: beyond the streaming rows, each K×NC
+    # block of it is converted once into a float32 block (gemm_template's staged B)
+    kc, nc = params.gemm_blocks(mr, match.nr)
     blocking = Blocking(mr, match.nr, params.lanes, kc, max(nc, match.nr))
     spec = Gemm(const_int(rows) if const_int(rows) is not None else rows, n, k, load_a,
-                match.load_b, partial_at, final)
+                match.load_b, partial_at, final, widened=b_bytes != 4)
     nest = emit_gemm(spec, blocking, params.cores)
-    widened = "" if b_bytes == 4 else f"; {match.bp.ty.dtype} weights widened in registers"
+    widened = "" if b_bytes == 4 else (
+        f"; {match.bp.ty.dtype} weights widened in registers (converted once per B block "
+        f"beyond {STREAM_ROW_TILES * mr} rows)")
     if match.scale is not None:
         widened += f", scaled per block of {match.block} k"
     note = (f"{blocking.describe()}{widened}; {parallel_plan(n, blocking, params.cores)[0]}"

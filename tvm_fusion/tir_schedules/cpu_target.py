@@ -118,15 +118,14 @@ class CpuParams:
             mr = max(1, min(mr, (self.vector_registers - 1 - vectors * per_b) // vectors))
         return mr, nr or wide
 
-    def gemm_blocks(self, mr: int, nr: int, b_bytes: int = 4) -> tuple[int, int]:
+    def gemm_blocks(self, mr: int, nr: int) -> tuple[int, int]:
         """(KC, NC) for MLAS's loop order: the A sliver MR×KC and a B micro-panel KC×NR fill
         the L1 but one way (KC, a multiple of 16); the B block KC×NC half the L2 (NC, a
-        multiple of NR). Low et al., TOMS 43(2) 2016; Zen 3 gives 256 × 240. ``b_bytes``:
-        B's element size (1 for an int8 weight widened in registers; A is float32)."""
+        multiple of NR). Low et al., TOMS 43(2) 2016; Zen 3 gives 256 × 240."""
         ways = max(self.l1d_ways, 1)
         l1 = self.l1d_bytes * (ways - 1) // ways
-        kc = max(16, l1 // (mr * 4 + nr * b_bytes) // 16 * 16)
-        nc = max(nr, self.l2_bytes // 2 // (kc * b_bytes) // nr * nr)
+        kc = max(16, l1 // ((mr + nr) * 4) // 16 * 16)
+        nc = max(nr, self.l2_bytes // 2 // (kc * 4) // nr * nr)
         return kc, nc
 
 

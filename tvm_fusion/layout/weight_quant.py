@@ -27,8 +27,7 @@ import numpy as np
 from tvm import relax
 from tvm.ir.expr import GenericConst
 
-#: Integer weight types kept packed as they are (LLVM widens them to float32 lanes).
-WEIGHT_DTYPES = ("int8", "uint8")
+from ..tir_schedules.cpu_gemm import WEIGHT_DTYPES  # the 8-bit types the kernel widens
 
 
 @dataclass

@@ -39,7 +39,7 @@ from .cpu_target import CpuParams
 from .cpu_tile import fold_epilogue_chain
 from .gemm_template import STREAM_ROW_TILES, Blocking, Gemm, emit_gemm, parallel_plan
 
-# Integer weight types the packed GEMM widens in registers (layout/weight_quant.py)
+# Integer weight types the packed GEMM widens in registers (layout/weight_quant.py packs them)
 WEIGHT_DTYPES = ("int8", "uint8")
 
 _I0 = tirx.const(0, "int64")
@@ -423,5 +423,5 @@ def has_packed_gemm(func: tirx.PrimFunc) -> bool:
     return any(match_packed_gemm(b) is not None for b in iter_sblocks(func))
 
 
-__all__ = ["GemmSite", "PackedGemm", "emit_packed_gemms", "has_packed_gemm",
+__all__ = ["WEIGHT_DTYPES", "GemmSite", "PackedGemm", "emit_packed_gemms", "has_packed_gemm",
            "match_packed_gemm", "prepare_packed_gemms"]

@@ -232,3 +232,26 @@ def test_tile_for_a_widened_weight():
     assert cpu_params(AVX512).gemm_tile(widened=True, block_scales=True) == (12, 32)
     assert cpu_params(AARCH64).gemm_tile(widened=True) == (7, 12)
     assert cpu_params(ZEN3).gemm_tile() == (4, 24)  # float32 unchanged
+
+
+def test_gemm_transb_with_bias_two_threads_staged_block():
+    """ONNX Gemm (transB, bias) on an int8 weight [N, K] with zero points, for two threads:
+    40 rows convert each B block once into float32 (beyond the 4 streaming row tiles), the
+    N blocks run in parallel, each with its own block."""
+    rng = np.random.default_rng(3)
+    k, n = 50, 100
+    w = rng.standard_normal((n, k)) / np.sqrt(k)
+    lo, hi = w.min(axis=1), w.max(axis=1)
+    scale = ((hi - lo) / 255).astype("float32")
+    zp = np.clip(np.round(-lo / scale), 0, 255).astype(np.uint8)
+    q = np.clip(np.round(w / scale[:, None]) + zp[:, None], 0, 255).astype(np.uint8)
+    inits = [numpy_helper.from_array(q, "wq"), numpy_helper.from_array(scale, "ws"),
+             numpy_helper.from_array(zp, "wz"),
+             numpy_helper.from_array(rng.standard_normal(n).astype("float32"), "b")]
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=0),
+             helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)]
+    model = make_model("gemm_uint8", nodes, [value_info("x", [40, k])], ["y"], inits)
+    two = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
+    mod = _compare_all(model, [_x(40, k)], target=two)
+    notes = _notes(mod)
+    assert "uint8 weights widened in registers" in notes and "parallel" in notes, notes

@@ -128,6 +128,28 @@ def test_generator_draws_qdq_and_fp16_cases():
     assert all(count >= 3 for count in kinds.values()), kinds
 
 
+def test_generator_draws_weight_only_quantized_matmuls():
+    """Issue 21, item 4: a share of the float32 cases reads its MatMul/Gemm weights through
+    an int8 or uint8 DequantizeLinear per output channel, activations left in float32 (no
+    QuantizeLinear); each is a valid model."""
+    kinds = {"weight_only": 0, "uint8": 0, "gemm": 0}
+    for seed in range(300):
+        model = draw_case(seed).model
+        ops = list(model.graph.node)
+        if any(n.op_type == "QuantizeLinear" for n in ops):
+            continue
+        inits = {t.name: t.data_type for t in model.graph.initializer}
+        dqs = {n.output[0]: n for n in ops if n.op_type == "DequantizeLinear"}
+        read = [n for n in ops if n.op_type in ("MatMul", "Gemm") and n.input[1] in dqs]
+        if read:
+            kinds["weight_only"] += 1
+            onnx.checker.check_model(model, full_check=True)
+            kinds["uint8"] += any(inits[dqs[n.input[1]].input[0]] == TensorProto.UINT8
+                                  for n in read)
+            kinds["gemm"] += any(n.op_type == "Gemm" for n in read)
+    assert all(count >= 3 for count in kinds.values()), kinds
+
+
 def test_special_feeds_plant_edge_values_and_depend_on_name_only():
     model = _chain_model()  # one input of 60 elements
     plain = make_feeds(model, 7)["x"]

@@ -91,12 +91,17 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
     strategy, rewriting, smartmem = opts.planning.strategy, opts.rewriting, opts.smartmem
     ours = strategy != "tvm"  # "tvm" is stock TVM's graph passes, kept pure
     passes = []
+    pack = opts.scheduling.pack_weights and target.kind.name == "llvm"
+    if pack and ours and rewriting.rewrite:
+        # weight-only quantized weights first: the rewriting's FoldConstant would fold their
+        # dequantize into float32 weights (four times the bytes, layout/weight_quant.py)
+        passes.append(PackMatmulWeights(target, quantized_only=True))
     if ours and rewriting.rewrite:
         passes.append(RewriteByMathProperties(rewriting.rewrite_rules,
                                               rewriting.allow_fp_reassociation))
     if ours:  # Gather indices from the inputs: clamped, never read outside the data
         passes.append(ClampTakeIndices())
-    if opts.scheduling.pack_weights and target.kind.name == "llvm":
+    if pack:
         # every strategy our CPU schedules run for ("tvm" included: the baseline of every
         # benchmark), so that a GEMM is the same kernel whatever the grouping; before the
         # conv packing, whose legalisation of the packed convs legalises every other op too

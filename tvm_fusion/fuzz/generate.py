@@ -937,6 +937,59 @@ def qdq_wrap(model: onnx.ModelProto, rng: np.random.Generator, seed: int
     return out
 
 
+def weight_only_wrap(model: onnx.ModelProto, rng: np.random.Generator
+                     ) -> onnx.ModelProto | None:
+    """The model with the 2-D constant weights of its MatMul/Gemm nodes weight-only
+    quantized: int8 (symmetric) or uint8 (a zero point per channel) through
+    DequantizeLinear, one scale per output channel, activations left in float32 (the
+    packed GEMM's int8 path, ``layout/weight_quant.py``). None when nothing qualifies."""
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    anchors = [n for n in _qdq_anchors(model, inits)
+               if n.op_type != "Conv" and inits[n.input[1]].ndim == 2]
+    if not anchors:
+        return None
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    signed = bool(rng.random() < 0.5)
+    writer = _QdqWriter(out.graph, signed=signed)
+    names = {n.output[0] for n in anchors}
+    nodes = []
+    for node in list(out.graph.node):
+        if node.output[0] in names:
+            w = inits[node.input[1]]
+            trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+            axis = 0 if node.op_type == "Gemm" and trans_b else 1
+            moved = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+            lo, hi = moved.min(axis=1), moved.max(axis=1)
+            if signed:
+                scale = np.maximum(np.maximum(-lo, hi), 1e-8) / 127
+                zp = np.zeros(w.shape[axis])
+            else:
+                scale = np.maximum(hi - lo, 1e-8) / 255
+                zp = np.clip(np.round(-lo / scale), 0, 255)
+            shape = [1, 1]
+            shape[axis] = -1
+            q = np.round(w / scale.reshape(shape)) + zp.reshape(shape)
+            q = np.clip(q, -127, 127) if signed else np.clip(q, 0, 255)
+            deq = writer.fresh("w")
+            nodes.append(helper.make_node("DequantizeLinear", [
+                writer.const(q, writer.qtype), writer.const(scale, np.float32),
+                writer.const(zp, writer.qtype)], [deq], axis=axis))
+            node.input[1] = deq
+        nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    used = {i for n in out.graph.node for i in n.input}
+    kept = [t for t in out.graph.initializer if t.name in used]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    try:
+        onnx.checker.check_model(out, full_check=True)
+    except Exception:  # noqa: BLE001 - the checker's own errors
+        return None
+    return out
+
+
 def to_float16(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """The model with every float32 tensor in float16 (None where ONNX does not allow it:
     Resize's scales, an operator without fp16)."""
@@ -948,10 +1001,12 @@ def to_float16(model: onnx.ModelProto) -> onnx.ModelProto | None:
 
 def draw_case(seed: int, target: str = "llvm", special_share: float = 0.3,
               option_share: float = 0.15, symbolic_share: float = 0.0, max_nodes: int = 12,
-              fp16_share: float = 0.1, qdq_share: float = 0.3):
+              fp16_share: float = 0.1, qdq_share: float = 0.3,
+              weight_only_share: float = 0.15):
     """The whole case of ``seed``: model, option set, input-value mode (and the symbolic hook);
     on ``qdq_share`` of the cases the Conv/MatMul/Gemm nodes are QDQ-wrapped (int8), on
-    ``fp16_share`` the whole graph is cast to float16.
+    ``fp16_share`` the whole graph is cast to float16, on ``weight_only_share`` of the cases
+    left in float32 the MatMul/Gemm weights are weight-only quantized (int8 per channel).
 
     Each part has its own random stream, so changing one share leaves the others' draws alone.
     """
@@ -961,10 +1016,14 @@ def draw_case(seed: int, target: str = "llvm", special_share: float = 0.3,
     symbolic = bool(np.random.default_rng([seed, 3]).random() < symbolic_share)
     model = generate_model(seed, special=special, max_nodes=max_nodes)
     precision = np.random.default_rng([seed, 4])
+    float32 = model
     if not special and precision.random() < qdq_share:  # NaN to int8 is undefined
         model = qdq_wrap(model, precision, seed) or model
     elif precision.random() < fp16_share:
         model = to_float16(model) or model
+    weight_only = np.random.default_rng([seed, 5])
+    if model is float32 and weight_only.random() < weight_only_share:
+        model = weight_only_wrap(model, weight_only) or model
     shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
               for vi in model.graph.input}
     if symbolic:

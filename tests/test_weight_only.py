@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from asm_inspect import AARCH64, AVX512, ZEN3, assembly, fma_loops
 from conftest import TARGET
 from onnx import TensorProto, helper, numpy_helper
-from test_cpu_gemm import AARCH64, AVX512, ZEN3, _asm, _fma_loops
 from tvm import relax, s_tir
 from tvm.ir.expr import GenericConst
 
@@ -160,7 +160,7 @@ def test_widening_micro_kernel_keeps_its_accumulators_in_registers(target, block
     # 3·MR rows widen B in the k loop (streaming); 6·MR rows convert each B block once into
     # float32 and run the float32 k loop on it (staged)
     for rows in (3 * mr, 6 * mr):
-        loops = _fma_loops(_asm(weight_only_matmul(rows, 300, 4 * nr, block=block), target))
+        loops = fma_loops(assembly(weight_only_matmul(rows, 300, 4 * nr, block=block), target))
         # (LLVM may unroll the staged loop once more: a multiple of the pair's FMAs)
         main = [loop for loop in loops if loop[1] % (2 * mr * nr // params.lanes) == 0]
         assert main and all(stack == 0 for _, _, stack in main), (rows, mr, nr, loops)

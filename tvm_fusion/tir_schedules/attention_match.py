@@ -131,12 +131,19 @@ def loads_of(expr, buffer) -> list:
 def simplify_loads(expr, ana: sym.Analyzer, ranges: dict | None = None):
     """``expr`` with every load index simplified (the value arithmetic is left alone); with
     ``ranges`` (variable → extent) a reshape's flatten-then-split is cancelled too
-    (:func:`simplify_index`)."""
+    (:func:`simplify_index`), in load indices and in the integer divisions of iterators a
+    mask compares (``i < j`` read through a batch reshape of the scores)."""
 
     def simplify(ld):
         return tirx.BufferLoad(ld.source, [simplify_index(ix, ana, ranges) for ix in ld.indices])
 
-    return tvm_ffi.structural_map(expr, [(TensorLoad, simplify)])
+    def index_arith(e):
+        return simplify_index(e, ana, ranges) if str(e.ty).startswith("int") else e
+
+    rules = [(TensorLoad, simplify)]
+    if ranges:
+        rules.append(((tirx.FloorDiv, tirx.FloorMod), index_arith))
+    return tvm_ffi.structural_map(expr, rules)
 
 
 def simplify_index(expr, ana: sym.Analyzer, ranges: dict | None = None):

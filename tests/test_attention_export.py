@@ -16,6 +16,7 @@ from tvm import relax
 
 from tvm_fusion.compile import compile_model
 from tvm_fusion.instrument import Collector
+from tvm_fusion.tir_utils import find_all
 
 torch = pytest.importorskip("torch")
 
@@ -79,3 +80,27 @@ def test_bmm_attention_is_one_block_and_matches(symbolic, config):
             got = vm["main"](tvm.runtime.tensor(x.numpy()))
             got = got[0] if not hasattr(got, "numpy") else got
             np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_rotate_half_reads_are_simplified_per_branch():
+    """RoPE's rotate-half through torch.export's reshapes reads ``x[((kd - 16) // 128 + i) %
+    seq % seq, …]`` where ``kd >= 16``: knowing the branch, the row is ``i`` (else two
+    divisions by the symbolic ``seq`` per element packed)."""
+    from tvm import sym, tirx
+
+    from tvm_fusion.tir_schedules.attention_match import simplify_loads
+
+    i, kd = tirx.Var("i", "int64"), tirx.Var("kd", "int64")
+    seq = tirx.Var("seq", "int64")
+    x = tirx.decl_buffer((seq, 32), "float32", name="x")
+    ranges = {i: seq, kd: tirx.const(32, "int64")}
+    ana = sym.Analyzer()
+    for var, ext in ranges.items():
+        ana.bind(var, tvm.ir.Range(0, ext))
+
+    def row(shift):
+        return tirx.floormod(tirx.floormod(tirx.floordiv(kd + shift, 128) + i, seq), seq)
+
+    expr = tirx.if_then_else(kd >= 16, x[row(-16), kd - 16], x[row(16), kd + 16])
+    got = simplify_loads(expr, ana, ranges)
+    assert [str(ld.indices[0]) for ld in find_all(got, tvm.ir.expr.TensorLoad)] == ["i", "i"]

@@ -291,12 +291,7 @@ def test_store_round_trips_cases_and_options(tmp_path):
     assert Store(tmp_path / "out").done_seeds() == {3}
 
 
-@pytest.mark.parametrize("seed", [0, 3, 7])
-def test_attention_family_builds_and_matches(seed):
-    """The fuzzer's attention family (packed Q/K/V, rotate-half, constant causal mask): the
-    cases of this session's attention fixes, checked like any generated graph."""
-    from conftest import check_model
-
+def _attention_case(seed):
     from tvm_fusion.fuzz.generate import Builder, emit_attention
 
     rng = np.random.default_rng(seed)
@@ -305,4 +300,33 @@ def test_attention_family_builds_and_matches(seed):
     out = emit_attention(b, x)
     assert out is not None
     b.add_output(out, list(b.shape(out)))
-    check_model(b.model(prune=True))
+    return b.model(prune=True)
+
+
+@pytest.mark.parametrize("seed", [0, 3, 7, 11])
+def test_attention_family_builds_and_matches(seed):
+    """The fuzzer's attention family (packed Q/K/V, rotate-half, constant causal mask, MatMul
+    or torch.export's bmm): the cases of this session's attention fixes, checked like any
+    generated graph."""
+    from conftest import check_model
+
+    check_model(_attention_case(seed))
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_attention_family_bmm_is_one_attention_block(seed):
+    """The bmm form (Expand to the same shape, Reshape of the leading axes around each
+    MatMul) is planned as one attention block, as the MatMul form is."""
+    import tvm
+    from conftest import TARGET
+
+    from tvm_fusion.compile import fuse, import_onnx
+    from tvm_fusion.instrument import Collector
+
+    model = _attention_case(seed)
+    assert "Expand" in {n.op_type for n in model.graph.node}  # the seed draws the bmm form
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        fuse(import_onnx(model), TARGET)
+    decisions = [d for p in collector.plans[0].plans.values() for d in p.attention]
+    assert [d.chosen for d in decisions] == [True], [d.reason for d in decisions]

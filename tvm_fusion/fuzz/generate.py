@@ -647,8 +647,9 @@ def emit_index_arith(b: Builder, t: str):
 def emit_attention(b: Builder, t: str):
     """Self-attention of a packed Q/K/V projection (one ``Split`` of one MatMul, so the fused
     block has a single input: a kernel without a root block failed TVM's Relax lowering), with
-    a rotate-half on Q and K (RoPE's index arithmetic once fell back silently) and an optional
-    constant causal mask (read back as ``j > i`` by the CPU template)."""
+    a rotate-half on Q and K (RoPE's index arithmetic once fell back silently), an optional
+    constant causal mask (read back as ``j > i`` by the CPU template) and the products written
+    either as ``MatMul`` or as torch.export's ``bmm`` (Expand and Reshape around each product)."""
     sh = b.shape(t)
     if len(sh) != 3:
         return None
@@ -677,13 +678,28 @@ def emit_attention(b: Builder, t: str):
         q, k = (node("Concat", [
             node("Neg", [node("Slice", [x, ints([half]), ints([dim]), ints([3])])]),
             node("Slice", [x, ints([0]), ints([half]), ints([3])])], axis=3) for x in (q, k))
-    scores = node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])])
-    scores = node("Mul", [scores, b.const(dim ** -0.5)])
+    mask = None
     if rng.random() < 0.5:
         mask = np.triu(np.full((seq, seq), _pick(rng, [-1e9, -np.inf]), np.float32), 1)
+    bmm = rng.random() < 0.5
+
+    def matmul(x, y):
+        """``x @ y``, or as torch.export writes it (``bmm``): each operand expanded to its own
+        shape and reshaped ``[b, heads, m, n] → [b·heads, m, n]``, the product reshaped back."""
+        if not bmm:
+            return node("MatMul", [x, y])
+        lead = list(b.shape(x)[:2])
+        flat = [node("Reshape", [node("Expand", [t, ints(b.shape(t))]),
+                                 ints([lead[0] * lead[1], *b.shape(t)[2:]])]) for t in (x, y)]
+        prod = node("MatMul", flat)
+        return node("Reshape", [prod, ints(lead + list(b.shape(prod)[1:]))])
+
+    scores = matmul(q, node("Transpose", [k], perm=[0, 1, 3, 2]))
+    scores = node("Mul", [scores, b.const(dim ** -0.5)])
+    if mask is not None:
         scores = node("Add", [scores, b.const(mask)])
     probs = node("Softmax", [scores], axis=-1)
-    out = node("Transpose", [node("MatMul", [probs, v])], perm=[0, 2, 1, 3])
+    out = node("Transpose", [matmul(probs, v)], perm=[0, 2, 1, 3])
     return node("Reshape", [out, ints([0, 0, hd])])
 
 EMITTERS: dict[str, Callable[[Builder, str], str | None]] = {

@@ -67,11 +67,7 @@ def _op_name(expr) -> str | None:
 
 
 def _const(expr) -> int | None:
-    if isinstance(expr, tirx.IntImm):
-        return int(expr.value)
-    if isinstance(expr, relax.PrimValue) and isinstance(expr.value, tirx.IntImm):
-        return int(expr.value.value)
-    return None
+    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
 
 
 def _shape_bytes(shape: relax.Expr, dtype: str) -> int | None:

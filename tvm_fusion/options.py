@@ -289,9 +289,11 @@ class Scheduling(_Group):
         "bool", True,
         doc="Ours: after the CPU schedules, a kernel of several operators whose loop nests are "
             "estimated to do more than its operators apart (plus the traffic fusion saves, at "
-            "`flops_per_byte`) is planned apart again, with the reason `fusion_loses` "
-            "(`tvm_fusion/relay_passes/fusion_guard.py`). `strategy=\"dnnfusion\"`; Apollo's "
-            "feedback splits such a kernel by undoing its last merge.")
+            "`flops_per_byte`) is planned apart again, with the reason `fusion_loses`, and a "
+            "kernel that keeps a whole intermediate as workspace is split after its producer "
+            "(`kept_intermediate`: memory) (`tvm_fusion/relay_passes/fusion_guard.py`). "
+            "`strategy=\"dnnfusion\"`; Apollo's feedback splits a losing kernel by undoing its "
+            "last merge.")
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ as its default pipeline builds it.
 
 The small models below reproduce, one each, the three causes that put zoo models above stock
 (``scripts/memory_zoo.py``): TVM's greedy token choice after fusion removed kernels
-(ConvNeXt-T), SwiGLU's projections merged into one wide GEMM (the Llama decoder), and a kernel
-keeping a whole GEMM result as workspace (a GLU's fused projection)."""
+(ConvNeXt-T) and SwiGLU's projections merged into one wide GEMM (the Llama decoder); and a
+kernel keeping a whole GEMM result as workspace (a GLU's fused projection), which the guard
+splits when asked."""
 
 from __future__ import annotations
 
@@ -187,13 +188,14 @@ def test_swiglu_projections_are_not_merged_into_one_wide_gemm():
 def test_a_kernel_keeping_a_whole_gemm_result_is_split_after_the_gemm():
     """The GLU's product reads the projection at two column offsets, so the fused kernel keeps
     all of ``x·W`` as workspace, beside the planned storage, where the wide tensor's dead token
-    could have held it: the guard splits the kernel after the GEMM, recorded with its reason."""
+    could have held it: with ``guard_kept_intermediates`` (off by default) the guard splits the
+    kernel after the GEMM, recorded with its reason."""
     mod = import_onnx(glu_after_wide())
     stock = planned_memory(fuse(mod, TARGET, strategy="tvm"), TARGET, repack=False)
-    unguarded = planned_memory(fuse(mod, TARGET, fusion_guard=False), TARGET)
+    unguarded = planned_memory(fuse(mod, TARGET), TARGET)
     collector = Collector()
     with tvm.transform.PassContext(instruments=[collector]):
-        fused = fuse(mod, TARGET)
+        fused = fuse(mod, TARGET, guard_kept_intermediates=True)
     ours = planned_memory(fused, TARGET)
     wide, narrow = ROWS * 192 * 4, ROWS * WIDTH * 4
     assert (stock.planned, stock.workspace) == (wide + narrow, 0)
@@ -205,4 +207,4 @@ def test_a_kernel_keeping_a_whole_gemm_result_is_split_after_the_gemm():
     assert decision.producer.startswith("matmul")
     reasons = {r.reason for p in plan.plans.values() for r in p.rejections}
     assert RejectReason.KEPT_INTERMEDIATE in reasons
-    _matches_onnx_runtime(glu_after_wide())
+    _matches_onnx_runtime(glu_after_wide(), guard_kept_intermediates=True)

@@ -155,7 +155,8 @@ def _fusion_passes(target: tvm.target.Target, opts: Options, plan_options: PlanO
     if schedule is not None and scheduling.fusion_guard and opts.planning.strategy == "dnnfusion":
         # the guard plans, fuses and schedules, then splits the kernels that lose
         return [FusionGuard(planner, schedule, flops_per_byte=opts.profiling.flops_per_byte,
-                            oracle=getattr(plan_options, "oracle", None))]
+                            oracle=getattr(plan_options, "oracle", None),
+                            split_kept=scheduling.guard_kept_intermediates)]
     return [planner, relax.transform.FuseTIR()] + ([schedule] if schedule is not None else [])
 
 

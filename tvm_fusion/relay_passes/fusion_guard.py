@@ -30,11 +30,15 @@ inputs in one GEMM tile) saves no traffic on it: the intermediate is written and
 it would be between two kernels. It costs memory, though: a kernel's workspace is allocated
 beside the planned storage, which TVM's ``StaticPlanBlockMemory`` cannot reuse for it, where
 the same tensor between two kernels takes a planned token that dead tensors left (the Llama
-decoder layer's gate/up GEMM: 1.41 MB of workspace on top of the plan, above stock FuseOps'
-whole plan). Such a kernel is planned again as two blocks, the producer of the kept buffer
+decoder layer's merged gate/up GEMM: 1.41 MB of workspace on top of the plan, above stock
+FuseOps' whole plan, before the rewriter stopped merging SwiGLU's projections). Such a kernel
+is planned again as two blocks, the producer of the kept buffer
 with its ancestors in the block, and the rest (:class:`MemoryDecision`, recorded with
 :attr:`~.rejection.RejectReason.KEPT_INTERMEDIATE`); a buffer the schedule shrank to a tile
-or a row is fusion working as meant and stays.
+or a row is fusion working as meant and stays. This split is opt-in (``split_kept``, option
+``guard_kept_intermediates``): on the zoo it saved nothing that the storage re-packing and the
+rewriter's SwiGLU precondition had not already saved, raised YOLOv8-n's plan (6.68 → 6.88 MB)
+and measured 1.09x MobileBERT's time (under heavy load: not conclusive).
 
 An ``oracle`` (the profiling database's, ``tuning/oracle.py``) may answer with measured times
 instead, through ``guard_times(fused, parts)``; the estimate is the default (no oracle of the
@@ -160,15 +164,20 @@ class FusionGuard:
     oracle
         Optional: ``oracle.guard_times(fused, parts) -> (fused_s, apart_s) | None`` answers
         with measurements where it has them.
+    split_kept
+        Also split kernels that keep a whole intermediate (:class:`MemoryDecision`; option
+        ``guard_kept_intermediates``, off by default).
     """
 
     def __init__(self, planner: PlanFusion, schedule: ScheduleFusedBlocks | None = None,
-                 flops_per_byte: float = 10.0, margin: float = DEFAULT_MARGIN, oracle=None):
+                 flops_per_byte: float = 10.0, margin: float = DEFAULT_MARGIN, oracle=None,
+                 split_kept: bool = False):
         self.planner = planner
         self.schedule = schedule
         self.flops_per_byte = float(flops_per_byte)
         self.margin = float(margin)
         self.oracle = oracle
+        self.split_kept = bool(split_kept)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         mod, module_plan = self.planner.plan(mod)
@@ -177,7 +186,8 @@ class FusionGuard:
         built = self._schedule(fused)
         decisions = self._judge(grouped, built)
         losing = {d.function for d in decisions}
-        memory = [d for d in self._kept_whole(grouped, built) if d.function not in losing]
+        memory = [d for d in self._kept_whole(grouped, built)
+                  if d.function not in losing] if self.split_kept else []
         if decisions or memory:
             module_plan.guard = decisions + memory
             _split(module_plan, decisions)

@@ -9,6 +9,7 @@ or timed out.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import textwrap
 
@@ -17,8 +18,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_fusion.fuzz import Case, draw_case
-from tvm_fusion.fuzz.differential import Outcome, mismatch
+from tvm_fusion.fuzz import Case, differential, draw_case
+from tvm_fusion.fuzz.differential import Outcome, check_case_memory, mismatch
 from tvm_fusion.fuzz.feeds import SPECIAL_VALUES, make_feeds
 from tvm_fusion.fuzz.minimise import minimise
 from tvm_fusion.fuzz.run import fuzz, summarise
@@ -172,6 +173,30 @@ def test_mismatch_is_dtype_and_nan_aware():
     assert mismatch([np.array([1, 2], np.int64)], [np.array([1, 3], np.int64)])[0] is not None
     half = np.array([1.0, 2.0], np.float16)
     assert mismatch([half + np.float16(0.001)], [half])[0] is None  # 1 ulp of fp16
+
+
+def test_memory_check_keeps_both_plans_and_fails_a_build_above_stock(monkeypatch):
+    """``check_case_memory`` (``scripts/fuzz.py --memory``, issue 20 item 3): an ``ok`` case
+    carries both planned byte counts; a default build above stock is a ``memory`` failure."""
+    relu = _chain_model()  # its Relu alone: the whole chain is 16 B above stock (a Softmax row)
+    del relu.graph.node[1:]
+    relu.graph.output.pop(0)
+    case = Case(seed=0, model=relu)
+    outcome = check_case_memory(case)
+    assert outcome.cls == "ok", outcome
+    assert 0 < outcome.ours_bytes <= outcome.stock_bytes
+    plain, measured = outcome.ours_bytes, differential.planned_memory
+
+    def ours_grows(mod, target, repack=True):  # the tvm_fusion build is measured re-packed
+        plan = measured(mod, target, repack)
+        return dataclasses.replace(plan, workspace=plan.workspace + 4096) if repack else plan
+
+    monkeypatch.setattr(differential, "planned_memory", ours_grows)
+    outcome = check_case_memory(case)
+    assert (outcome.cls, outcome.stage) == ("memory", "memory")
+    assert outcome.ours_bytes == plain + 4096 > outcome.stock_bytes
+    assert "above stock FuseOps'" in outcome.error
+    assert outcome.signature() == "memory"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -129,8 +129,8 @@ def match_packed_gemm(block: SBlock) -> PackedGemm | None:
 
 def _widened(expr, j, k) -> tuple:
     """(the packed load, zero-point buffer, block-scale buffer, block) of B's value: the load
-    itself (a float32 B), or ``layout/gemm_pack.packed_matmul``'s weight-only quantized form:
-    an integer load cast to float32, less ``Zp[j // NR, j % NR]`` (or ``Zp[j // NR, k // KB,
+    itself (a float32 B), or the weight-only quantized form of ``packed_matmul``
+    (``layout/gemm_pack.py``): an integer load cast to float32, less ``Zp[j // NR, j % NR]`` (or ``Zp[j // NR, k // KB,
     j % NR]``), times ``S[j // NR, k // KB, j % NR]`` for a block-wise weight."""
     none = (None, None, None, 0)
     scale, block = None, 0

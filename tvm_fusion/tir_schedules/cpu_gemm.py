@@ -131,7 +131,8 @@ def _widened(expr, j, k) -> tuple:
     """(the packed load, zero-point buffer, block-scale buffer, block) of B's value: the load
     itself (a float32 B), or the weight-only quantized form of ``packed_matmul``
     (``layout/gemm_pack.py``): an integer load cast to float32, less ``Zp[j // NR, j % NR]``
-    (or ``Zp[j // NR, k // KB, j % NR]``), times ``S[j // NR, k // KB, j % NR]`` for a block-wise weight."""
+    (or ``Zp[j // NR, k // KB, j % NR]``), times ``S[j // NR, k // KB, j % NR]`` for a
+    block-wise weight."""
     none = (None, None, None, 0)
     scale, block = None, 0
     if isinstance(expr, tirx.Mul) and isinstance(expr.b, TensorLoad):

@@ -895,6 +895,22 @@ class _QdqWriter:
             self.const(np.zeros(b.shape), np.int32)], [out], axis=0), out
 
 
+def _with_nodes(out: onnx.ModelProto, nodes: list) -> onnx.ModelProto | None:
+    """``out`` with ``nodes`` as its graph and only the initializers they read; None when the
+    ONNX checker refuses the result."""
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    used = {i for n in out.graph.node for i in n.input}
+    kept = [t for t in out.graph.initializer if t.name in used]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    try:
+        onnx.checker.check_model(out, full_check=True)
+    except Exception:  # noqa: BLE001 - the checker's own errors
+        return None
+    return out
+
+
 def qdq_wrap(model: onnx.ModelProto, rng: np.random.Generator, seed: int
              ) -> onnx.ModelProto | None:
     """The model as ``onnxruntime.quantization.quantize_static`` writes it in QDQ format,
@@ -940,17 +956,7 @@ def qdq_wrap(model: onnx.ModelProto, rng: np.random.Generator, seed: int
         anchor.attribute.extend(node.attribute)
         post, _, _ = qdq.pair(raw, values[node.output[0]], out=node.output[0])
         nodes += [*pre, anchor, *post]
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    used = {i for n in out.graph.node for i in n.input}
-    kept = [t for t in out.graph.initializer if t.name in used]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(kept)
-    try:
-        onnx.checker.check_model(out, full_check=True)
-    except Exception:  # noqa: BLE001 - the checker's own errors
-        return None
-    return out
+    return _with_nodes(out, nodes)
 
 
 def weight_only_wrap(model: onnx.ModelProto, rng: np.random.Generator
@@ -993,17 +999,7 @@ def weight_only_wrap(model: onnx.ModelProto, rng: np.random.Generator
                 writer.const(zp, writer.qtype)], [deq], axis=axis))
             node.input[1] = deq
         nodes.append(node)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    used = {i for n in out.graph.node for i in n.input}
-    kept = [t for t in out.graph.initializer if t.name in used]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(kept)
-    try:
-        onnx.checker.check_model(out, full_check=True)
-    except Exception:  # noqa: BLE001 - the checker's own errors
-        return None
-    return out
+    return _with_nodes(out, nodes)
 
 
 def to_float16(model: onnx.ModelProto) -> onnx.ModelProto | None:

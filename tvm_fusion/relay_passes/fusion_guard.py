@@ -203,16 +203,9 @@ class FusionGuard:
 
     def _judge(self, grouped: tvm.IRModule, built: tvm.IRModule) -> list[GuardDecision]:
         decisions = []
-        for name, callees in primitive_callees(grouped).items():
-            if len(callees) < 2:
-                continue
-            try:
-                fused = built[name]
-            except (ValueError, KeyError, tvm.error.TVMError):
-                continue
+        for name, callees, fused in _fused_kernels(grouped, built):
             parts = [grouped[c] for c in callees]
-            if not isinstance(fused, tirx.PrimFunc) or not all(
-                    isinstance(p, tirx.PrimFunc) for p in parts):
+            if not all(isinstance(p, tirx.PrimFunc) for p in parts):
                 continue
             loses, mine, apart, detail = judge_kernel(fused, parts, self.flops_per_byte,
                                                       self.margin)
@@ -229,15 +222,7 @@ class FusionGuard:
         """Kernels keeping a whole intermediate: the part that produced it, found by its
         output buffer (FuseTIR names the intermediate ``<output>_intermediate``) and shape."""
         decisions = []
-        for name, callees in primitive_callees(grouped).items():
-            if len(callees) < 2:
-                continue
-            try:
-                fused = built[name]
-            except (ValueError, KeyError, tvm.error.TVMError):
-                continue
-            if not isinstance(fused, tirx.PrimFunc):
-                continue
+        for name, callees, fused in _fused_kernels(grouped, built):
             for buffer, (shape, dtype, nbytes) in whole_kept_buffers(fused).items():
                 producers = {c for c in set(callees) if _produces(grouped[c], buffer, shape,
                                                                    dtype)}
@@ -250,6 +235,19 @@ class FusionGuard:
     def _measured(self, fused, parts):
         times = getattr(self.oracle, "guard_times", None)
         return times(fused, parts) if times is not None else None
+
+
+def _fused_kernels(grouped: tvm.IRModule, built: tvm.IRModule):
+    """(name, callees, fused PrimFunc) of every kernel built from two or more operators."""
+    for name, callees in primitive_callees(grouped).items():
+        if len(callees) < 2:
+            continue
+        try:
+            fused = built[name]
+        except (ValueError, KeyError, tvm.error.TVMError):
+            continue
+        if isinstance(fused, tirx.PrimFunc):
+            yield name, callees, fused
 
 
 def _split(module_plan: ModulePlan, decisions: list[GuardDecision]) -> None:

@@ -27,6 +27,9 @@ What the bundle holds (``manifest.json`` lists it):
   both ways, with inputs and ONNX Runtime's outputs on the very same weights.
 
 Libraries and the runtime travel xz-compressed (``*.xz``; ``gpu_run.py`` unpacks them).
+TVM 0.27 keeps the CUDA *source* in a library and compiles it when the library is loaded; each
+CUDA build's source is therefore also compiled here by ``nvcc`` (``*.fatbin``, see
+:func:`cuda_binary`) and ``gpu_run.py`` hands those binaries to TVM's loader.
 Kernel counts are recorded here: PrimFunc calls in the lowered ``main`` and ``__global__``
 kernels in the CUDA source.
 """
@@ -35,7 +38,9 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
+import lzma
 import os
 import re
 import shutil
@@ -131,6 +136,26 @@ def _device_source(module):
     return None
 
 
+def cuda_binary(source: str, target, stem: Path) -> dict:
+    """``stem``.fatbin: ``source`` compiled for ``target``'s arch now, with the flags of
+    TVM's nvcc mode less ``--use_fast_math`` (TVM's default, NVRTC, uses none).
+
+    TVM 0.27 keeps CUDA *source* in the library and compiles it when the library is loaded
+    (``tvm_callback_cuda_compile``); ``gpu_run.py`` answers that callback from these files,
+    keyed by the source's SHA-256, so the device compiles nothing."""
+    from tvm.support import nvcc
+
+    os.environ["TVM_CUDA_NVCC_NO_FAST_MATH"] = "1"
+    with target:
+        binary = nvcc.compile_cuda(source, target_format="fatbin", compiler="nvcc")
+    stem.with_suffix(".fatbin").write_bytes(bytes(binary))
+    with lzma.open(stem.with_suffix(".cu.xz"), "wt") as f:
+        f.write(source)
+    return {"fatbin": stem.name + ".fatbin", "cuda_source": stem.name + ".cu.xz",
+            "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
+            "fatbin_bytes": len(binary)}
+
+
 def build(mod, target, strategy: str | None, path: Path) -> dict:
     """Compile ``mod`` (tvm_fusion, or stock with ``strategy="tvm"``), export it to
     ``path``.xz; its build time and kernel counts."""
@@ -146,6 +171,8 @@ def build(mod, target, strategy: str | None, path: Path) -> dict:
     if source is not None:
         info["device_kernels"] = len(set(re.findall(
             r"__global__ void(?: __launch_bounds__\(\d+\))? (\w+)\(", source)))
+    if source is not None and target.kind.name == "cuda":
+        info.update(cuda_binary(source, target, path.with_suffix("")))
     executable.export_library(str(path))
     info["so_bytes"] = path.stat().st_size
     subprocess.run(["xz", "-T2", "-6", "-f", str(path)], check=True)

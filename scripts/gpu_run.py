@@ -225,13 +225,26 @@ def torch_attention(torch, arrays, heads, kv_heads, head_dim, causal, device) ->
                    lambda: [box["out"].float().cpu().numpy()])
 
 
+TORCHVISION = {"mobilenet_v2": "mobilenet_v2", "resnet50": "resnet50", "vgg16": "vgg16",
+               "efficientnet_b0": "efficientnet_b0", "vit_b16": "vit_b_16", "swin_t": "swin_t",
+               "convnext_t": "convnext_tiny"}
+# tvm_fusion.export_models.LLAMA (this script imports nothing of tvm_fusion)
+LLAMA = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=2,
+             num_attention_heads=8, num_key_value_heads=2, vocab_size=32000,
+             max_position_embeddings=2048, rms_norm_eps=1e-5, use_cache=False)
+
+
 def torch_model(torch, name: str):
     """The zoo model's architecture (``tvm_fusion.export_models``' constructors), random
     weights, eval mode; None for a name it does not know."""
-    if name in ("mobilenet_v2", "resnet50", "efficientnet_b0", "vgg16"):
+    if name in TORCHVISION:
         import torchvision
 
-        return getattr(torchvision.models, name)(weights=None).eval()
+        return getattr(torchvision.models, TORCHVISION[name])(weights=None).eval()
+    if name == "llama_decoder":
+        from transformers import LlamaConfig, LlamaModel
+
+        return LlamaModel(LlamaConfig(**LLAMA)).eval()
     if name == "bert_base":
         from transformers import BertConfig, BertModel
 
@@ -250,7 +263,7 @@ def torch_model_variant(torch, name, arrays, input_names, device) -> Variant | N
     model = model.to(device)
     tensors = [torch.from_numpy(a).to(device) for a in arrays]
     kwargs = dict(zip(input_names, tensors))
-    positional = name in ("mobilenet_v2", "resnet50", "efficientnet_b0", "vgg16")
+    positional = name in TORCHVISION
 
     def call():
         with torch.inference_mode():
@@ -294,7 +307,7 @@ def run_attention(entry, bundle, work, tvm, dev, torch, device, seconds, count_k
             arrays = [seeded([size if d in ("seq", "kv") else d for d in shape], size + i)
                       for i, (_, shape) in enumerate(entry["inputs"])]
         variants = {name: tvm_variant(tvm, work / b["file"][:-3], dev, arrays)
-                    for name, b in entry["builds"].items()}
+                    for name, b in entry["builds"].items() if "error" not in b}
         if torch is not None:
             variants["torch"] = torch_attention(torch, arrays, entry["heads"],
                                                 entry["kv_heads"], entry["head_dim"],
@@ -306,12 +319,14 @@ def run_attention(entry, bundle, work, tvm, dev, torch, device, seconds, count_k
             outs[name] = v.output()[0]
         row = {"size": size, "err": {}}
         for name in outs:
-            if name != "stock":
+            if name != "stock" and "stock" in outs:
                 row["err"][f"{name}_vs_stock"] = errors(outs[name], outs["stock"])
-        if "torch" in outs:
+        if "torch" in outs and "fused" in outs:
             row["err"]["fused_vs_torch"] = errors(outs["fused"], outs["torch"])
+        if "torch" in outs and "stock" in outs:
+            row["err"]["stock_vs_torch"] = errors(outs["stock"], outs["torch"])
         if check is not None and size == entry["check_size"]:
-            for name in entry["builds"]:
+            for name in set(entry["builds"]) & set(outs):
                 row["err"][f"{name}_vs_onnxruntime"] = errors(outs[name], check["out0"])
         row["time"] = alternate(variants, seconds)
         if count_kernels and torch is not None and device == "cuda" and size == entry["sizes"][0]:
@@ -332,7 +347,7 @@ def run_model(entry, bundle, work, tvm, dev, torch, device, seconds, count_kerne
     arrays = [check[f"in{i}"] for i in range(len(entry["inputs"]))]
     expected = [check[k] for k in sorted(check.files) if k.startswith("out")]
     variants = {name: tvm_variant(tvm, work / b["file"][:-3], dev, arrays)
-                for name, b in entry["builds"].items()}
+                for name, b in entry["builds"].items() if "error" not in b}
     row = {"err": {}}
     outs = {}
     for name, v in variants.items():
@@ -340,7 +355,9 @@ def run_model(entry, bundle, work, tvm, dev, torch, device, seconds, count_kerne
         v.sync()
         outs[name] = v.output()
         row["err"][f"{name}_vs_onnxruntime"] = errors(outs[name][0], expected[0])
-    row["err"]["fused_vs_stock"] = errors(outs["fused"][0], outs["stock"][0])
+    if "fused" in outs and "stock" in outs:
+        row["err"]["fused_vs_stock"] = errors(outs["fused"][0], outs["stock"][0])
+    row["build_errors"] = {k: b["error"] for k, b in entry["builds"].items() if "error" in b}
     if torch is not None:
         try:
             tv = torch_model_variant(torch, entry["name"], arrays,
@@ -364,6 +381,12 @@ def run_model(entry, bundle, work, tvm, dev, torch, device, seconds, count_kerne
 # ------------------------------------------------------------------------------- report
 
 
+def _num(x, digits=3) -> str:
+    if x is None:
+        return ""
+    return f"{x:.2e}" if digits == "e" else f"{x:.{digits}f}"
+
+
 def markdown(results: dict) -> str:
     lines = [f"# tvm_fusion on {results.get('device_name', '?')}", ""]
     for name, sec in results["sections"].items():
@@ -379,17 +402,21 @@ def markdown(results: dict) -> str:
                 f"{b['stock'].get('primfunc_calls_in_main', '?')}")
         for row in sec["rows"]:
             t = row["time"]
-            f, s = t["fused"]["ms"], t["stock"]["ms"]
-            tt = t.get("torch", {}).get("ms")
+            f, s, tt = (t.get(k, {}).get("ms") for k in ("fused", "stock", "torch"))
             err = row["err"]
-            ort = err.get("fused_vs_onnxruntime", {}).get("max_abs")
+            ort = err.get("fused_vs_onnxruntime", {})
+            ort = "" if "max_abs" not in ort else f"{ort['max_abs']:.2e} (rel {ort['rel_l2']:.1e})"
             lines.append(
-                f"| {row.get('size', '')} | {f:.3f} | {s:.3f} | "
-                f"{'' if tt is None else f'{tt:.3f}'} | {s / f:.2f} | "
-                f"{'' if tt is None else f'{tt / f:.2f}'} | {kern} | "
-                f"{err.get('fused_vs_stock', {}).get('max_abs', float('nan')):.2e} | "
-                f"{err.get('fused_vs_torch', {}).get('max_abs', float('nan')):.2e} | "
-                f"{'' if ort is None else f'{ort:.2e}'} |")
+                f"| {row.get('size', '')} | {_num(f)} | {_num(s)} | {_num(tt)} | "
+                f"{_num(s and f and s / f, 2)} | {_num(tt and f and tt / f, 2)} | {kern} | "
+                f"{_num(err.get('fused_vs_stock', {}).get('max_abs'), 'e')} | "
+                f"{_num(err.get('fused_vs_torch', {}).get('max_abs'), 'e')} | {ort} |")
+            for k, why in row.get("build_errors", {}).items():
+                lines.append(f"\n{k} build failed: `{why}`\n")
+        for row in sec["rows"]:
+            if "launched_kernels" in row:
+                lines.append(f"Kernels launched by one call ({row.get('size', '')}, PyTorch "
+                             f"profiler): {row['launched_kernels']}")
         lines.append("")
     for name, err in results["errors"].items():
         lines.append(f"- **{name} failed**: `{err.splitlines()[-1][:300]}`")

@@ -64,23 +64,51 @@ SKIP_DIRS = {"3rdparty", "src", "include", "web", "__pycache__", "lib64", "licen
 ATTENTION = dict(heads=32, kv_heads=4, head_dim=64)
 
 
+def reduction_axes(model: onnx.ModelProto) -> dict[str, set[int]]:
+    """Axes of each initializer that its consumer sums over: a Conv weight's input channels
+    and kernel (1, 2, …), a MatMul right operand's rows, a Gemm ``B``'s ``K``."""
+    axes: dict[str, set[int]] = {}
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        for pos, name in enumerate(node.input):
+            if node.op_type in ("Conv", "ConvTranspose") and pos == 1:
+                found = {1, 2, 3, 4, 5}
+            elif node.op_type == "MatMul" and pos == 1:
+                found = {-2}
+            elif node.op_type == "MatMul" and pos == 0:
+                found = {-1}
+            elif node.op_type == "Gemm" and pos in (0, 1):
+                trans = attrs.get("transA" if pos == 0 else "transB", 0)
+                found = {(1 if trans else 0) if pos == 1 else (0 if trans else 1)}
+            else:
+                continue
+            axes.setdefault(name, set()).update(found)
+    return axes
+
+
 def tile_initializers(model: onnx.ModelProto, min_size: int = 1024,
                       period: int = 8) -> onnx.ModelProto:
     """``model`` whose float initializers of at least ``min_size`` elements are their own
-    leading block (``period`` along each axis, or the axis if shorter) repeated along every
-    axis; shapes, dtypes and the other initializers unchanged.
+    leading block repeated: ``period`` along each axis (or the axis if shorter) except the
+    axes their consumer sums over (:func:`reduction_axes`), kept whole; shapes, dtypes and the
+    other initializers unchanged.
 
     A per-axis period survives the transposes and packings a compiler applies to constants,
-    so the compiled library still compresses well."""
+    so the compiled library still compresses well. Reduction axes stay whole: a weight
+    periodic along them, fed by the previous layer's periodic channels, adds ``C / period``
+    equal terms per output, and ResNet-50's activations overflowed to NaN."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
+    summed = reduction_axes(model)
     for init in out.graph.initializer:
         if init.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
             continue
         value = numpy_helper.to_array(init)
         if value.size < min_size:
             continue
-        index = np.ix_(*[np.arange(d) % min(d, period) for d in value.shape])
+        keep = {a % value.ndim for a in summed.get(init.name, ()) if -value.ndim <= a < value.ndim}
+        index = np.ix_(*[np.arange(d) % (d if axis in keep else min(d, period))
+                         for axis, d in enumerate(value.shape)])
         tiled = np.ascontiguousarray(value[index])
         init.CopyFrom(numpy_helper.from_array(tiled, init.name))
     return out

@@ -48,10 +48,21 @@ def test_tiling_keeps_shapes_dtypes_and_small_constants():
     np.testing.assert_array_equal(after["b"], before["b"])
     np.testing.assert_array_equal(after["s"], before["s"])
     w, w0 = after["w"], before["w"]
-    np.testing.assert_array_equal(w[:8, :8], w0[:8, :8])  # its own leading block …
-    np.testing.assert_array_equal(w[8:16, 40:45], w0[:8, 0:5])  # … repeated along each axis
+    np.testing.assert_array_equal(w[:, :8], w0[:, :8])  # its own leading block, whole along
+    np.testing.assert_array_equal(w[:, 40:45], w0[:, 0:5])  # the summed axis, repeated along N
     assert not np.array_equal(w, w0)
     transposed = np.ascontiguousarray(w.T).tobytes()  # still periodic after a transpose
     assert len(lzma.compress(transposed)) < len(lzma.compress(w0.T.tobytes())) / 4
     x = {"x": np.ones((1, 67), np.float32)}
     assert np.isfinite(onnx_reference(tiled, x)[0]).all()
+
+
+def test_reduction_axes_of_conv_matmul_and_gemm():
+    bundle = _bundle_script()
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"]),
+             helper.make_node("MatMul", ["c", "mw"], ["m"]),
+             helper.make_node("Gemm", ["m", "gw"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "g", [], [])
+    axes = bundle.reduction_axes(helper.make_model(graph))
+    assert 1 in axes["cw"] and 0 not in axes["cw"]  # input channels, not output channels
+    assert axes["mw"] == {-2} and axes["gw"] == {1}

@@ -275,7 +275,8 @@ def torch_model_variant(torch, name, arrays, input_names, device) -> Variant | N
 
 def launched_kernels(torch, variants: dict) -> dict:
     """GPU kernels one call of each variant launches, read by PyTorch's profiler (CUPTI sees
-    every launch in the process, TVM's too)."""
+    every launch in the process, TVM's too): their number, the sum of their durations (the
+    device's busy time, against the wall-clock time of the call) and the longest five."""
     from torch.profiler import ProfilerActivity, profile
 
     counts = {}
@@ -286,7 +287,13 @@ def launched_kernels(torch, variants: dict) -> dict:
             v.sync()
         kernels = [e for e in prof.events() if str(e.device_type).endswith("CUDA")
                    and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
-        counts[name] = len(kernels)
+        per_name: dict = {}
+        for e in kernels:
+            per_name[e.name] = per_name.get(e.name, 0.0) + e.time_range.elapsed_us()
+        top = sorted(per_name.items(), key=lambda kv: -kv[1])[:5]
+        counts[name] = {"kernels": len(kernels),
+                        "kernel_us": round(sum(per_name.values()), 1),
+                        "top": [[k[:90], round(us, 1)] for k, us in top]}
     return counts
 
 
@@ -414,9 +421,14 @@ def markdown(results: dict) -> str:
             for k, why in row.get("build_errors", {}).items():
                 lines.append(f"\n{k} build failed: `{why}`\n")
         for row in sec["rows"]:
-            if "launched_kernels" in row:
+            launched = row.get("launched_kernels")
+            if isinstance(launched, dict):
                 lines.append(f"Kernels launched by one call ({row.get('size', '')}, PyTorch "
-                             f"profiler): {row['launched_kernels']}")
+                             "profiler): " + ", ".join(
+                                 f"{k} {c['kernels']} kernels, {c['kernel_us']:.0f} us busy"
+                                 for k, c in launched.items()))
+            elif launched:
+                lines.append(f"Kernel count: {launched}")
         lines.append("")
     for name, err in results["errors"].items():
         lines.append(f"- **{name} failed**: `{err.splitlines()[-1][:300]}`")

@@ -89,7 +89,7 @@ def _within_shared_memory(func: tvm.tirx.PrimFunc, gvar) -> tvm.tirx.PrimFunc:
     limit = min(int(attrs.get("max_shared_memory_per_block", _STATIC_SHARED)), _STATIC_SHARED)
     try:
         used = _static_shared_bytes(func)
-    except (TypeError, ValueError):  # a symbolic extent: TVM's own checks have the last word
+    except Exception:  # noqa: BLE001 (a symbolic extent, a pass refusing: not this check's call)
         return func
     if used > limit:
         raise ValueError(f"{gvar.name_hint} needs {used} bytes of shared memory, over {limit}")
@@ -99,10 +99,13 @@ def _within_shared_memory(func: tvm.tirx.PrimFunc, gvar) -> tvm.tirx.PrimFunc:
 def _static_shared_bytes(func: tvm.tirx.PrimFunc) -> int:
     """Bytes of static ``shared`` buffers (not ``shared.dyn``) ``func`` allocates, compacted to
     what one block uses."""
-    passes = [s_tir.transform.LowerInitBlock(),
-              s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-              s_tir.transform.ConvertBlocksToOpaque(), s_tir.transform.CompactBufferAllocation()]
-    low = tvm.transform.Sequential(passes)(tvm.IRModule({"main": func}))["main"]
+    low = tvm.IRModule({"main": func})
+    for lower in (s_tir.transform.LowerInitBlock(),
+                  s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+                  s_tir.transform.ConvertBlocksToOpaque(),
+                  s_tir.transform.CompactBufferAllocation()):  # an analysis, not a pass list
+        low = lower(low)
+    low = low["main"]
     total = 0
     for block in find_all(low.body, s_tir.SBlock):
         for buf in block.alloc_buffers:

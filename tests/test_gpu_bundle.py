@@ -66,3 +66,31 @@ def test_reduction_axes_of_conv_matmul_and_gemm():
     axes = bundle.reduction_axes(helper.make_model(graph))
     assert 1 in axes["cw"] and 0 not in axes["cw"]  # input channels, not output channels
     assert axes["mw"] == {-2} and axes["gw"] == {1}
+
+
+def _run_script():
+    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_run.py"
+    spec = importlib.util.spec_from_file_location("gpu_run", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_runner_times_in_turns_and_reports_a_failed_build():
+    """``gpu_run.py``'s timing loop and table, on plain callables (no TVM, no GPU)."""
+    runner = _run_script()
+    calls = []
+    variants = {name: runner.Variant(lambda n=name: calls.append(n), lambda: None, list)
+                for name in ("fused", "stock")}
+    times = runner.alternate(variants, seconds=0.01, batch_s=0.001)
+    assert set(times) == {"fused", "stock"} and all(t["batches"] >= 5 for t in times.values())
+    assert calls[:2] == ["fused", "fused"] and "stock" in calls  # warm-up, then in turns
+    entry = {"builds": {"fused": {"error": "ptxas error: too much shared data"},
+                        "stock": {"primfunc_calls_in_main": 7}}}
+    row = {"time": {"stock": times["stock"]}, "err": {},
+           "build_errors": {"fused": "ptxas error: too much shared data"}}
+    text = runner.markdown({"device_name": "cpu", "sections": {"m": {"entry": entry,
+                                                                      "rows": [row]}},
+                            "errors": {}})
+    assert "fused build failed: `ptxas error: too much shared data`" in text
+    assert "?/7" in text

@@ -22,8 +22,9 @@ What the bundle holds (``manifest.json`` lists it):
   inputs and ONNX Runtime's output at the first sequence length;
 * ``models``: zoo models (``--models`` from ``$TVM_FUSION_MODELS``) whose large float
   initializers are replaced by :func:`tile_initializers` (each tensor's own leading block
-  repeated along every axis: the compiled library embeds the constants, and periodic ones
-  compress to almost nothing, while kernels and timings do not depend on the values), built
+  repeated along every axis its consumer does not sum over: the compiled library embeds the
+  constants, and periodic ones compress well, while kernels and timings do not depend on the
+  values), built
   both ways, with inputs and ONNX Runtime's outputs on the very same weights.
 
 Libraries and the runtime travel xz-compressed (``*.xz``; ``gpu_run.py`` unpacks them).

@@ -93,6 +93,8 @@ INLINE: list[tuple[str, str, str | None, str]] = [
      "--strategy dnnfusion", ""),
     ("docs/benchmarks.md", "python scripts/bench_conv_chains.py",
      "python scripts/bench_conv_chains.py", ""),
+    ("docs/benchmarks.md", "python scripts/gpu_bundle.py --out .gpu_bundle", None,
+     "the GPU run's build step (needs: gpu, to be of use; docs/targets.md)"),
     ("docs/benchmarks.md", "python scripts/apollo_zoo.py --only " + APOLLO2 + " --check " + APOLLO2,
      "python scripts/apollo_zoo.py --only " + APOLLO2 + " --check " + APOLLO2, ""),
     ("docs/codegen.md", "tvm-fusion bench", None, "names the subcommand"),

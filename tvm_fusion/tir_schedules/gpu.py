@@ -12,8 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import tvm
+from tvm import s_tir
 from tvm.s_tir import dlight as dl
 
+from ..tir_utils import find_all
 from .attention_gpu import try_schedule_attention_gpu
 from .fused_block import probe_build
 from .optifx import try_schedule_conv_chain_gpu
@@ -63,7 +65,7 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
                 scheduled = dl.ApplyDefaultSchedule(*rules)(tvm.IRModule({gvar: func}))
                 # Some schedules only fail when lowered (0.27's Matmul rule on a conv with a
                 # prologue leaves a buffer used before its definition): lower to be sure.
-                mod[gvar] = probe_build(scheduled[gvar])
+                mod[gvar] = _within_shared_memory(probe_build(scheduled[gvar]), gvar)
                 break
             except Exception as err:  # noqa: BLE001 (DLight raises bare AssertionErrors)
                 if attempt == len(rule_sets) - 1:
@@ -74,6 +76,45 @@ def apply_gpu_schedules(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
 
 _TENSOR_INTRIN = "tvm.s_tir.tensor_intrin"
+_STATIC_SHARED = 48 << 10  # CUDA's static shared memory per block (more needs an opt-in)
+
+
+def _within_shared_memory(func: tvm.tirx.PrimFunc, gvar) -> tvm.tirx.PrimFunc:
+    """``func`` if its static shared memory fits the target, else ``ValueError``: DLight's
+    GeneralReduction keeps a whole fused intermediate in shared memory when a consumer (a
+    concatenate) cannot be inlined (ViT's patch embedding on a DNNFusion block: 602,112 bytes,
+    which ptxas rejects); the next, smaller rule set then schedules it."""
+    target = tvm.target.Target.current()
+    attrs = dict(target.attrs) if target is not None else {}
+    limit = min(int(attrs.get("max_shared_memory_per_block", _STATIC_SHARED)), _STATIC_SHARED)
+    try:
+        used = _static_shared_bytes(func)
+    except Exception:  # noqa: BLE001 (a symbolic extent, a pass refusing: not this check's call)
+        return func
+    if used > limit:
+        raise ValueError(f"{gvar.name_hint} needs {used} bytes of shared memory, over {limit}")
+    return func
+
+
+def _static_shared_bytes(func: tvm.tirx.PrimFunc) -> int:
+    """Bytes of static ``shared`` buffers (not ``shared.dyn``) ``func`` allocates, compacted to
+    what one block uses."""
+    low = tvm.IRModule({"main": func})
+    for lower in (s_tir.transform.LowerInitBlock(),
+                  s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+                  s_tir.transform.ConvertBlocksToOpaque(),
+                  s_tir.transform.CompactBufferAllocation()):  # an analysis, not a pass list
+        low = lower(low)
+    low = low["main"]
+    total = 0
+    for block in find_all(low.body, s_tir.SBlock):
+        for buf in block.alloc_buffers:
+            if buf.scope() == "shared":
+                size = 1
+                for extent in buf.shape:
+                    size *= int(extent)
+                total += size * buf.dtype.bits // 8
+    return total
 
 
 def _may_tensorize(mod: tvm.IRModule, target: tvm.target.Target | None) -> bool:

@@ -200,3 +200,25 @@ def test_local_and_tracker_options_are_checked(tmp_path, capsys):
         rc = main(["tune", model_path, *extra, *work])
         err = capsys.readouterr().err
         assert rc == 2 and err.count("\n") == 1 and option in err, (extra, err)
+
+
+def test_a_task_whose_space_fails_keeps_its_hand_schedule(tmp_path):
+    """meta_schedule generates every design space before its first trial and catches nothing
+    there: its rules fail on a fused attention block (``reverse_compute_at``), which stopped
+    the whole tuning of BERT-base. Such a task is left out, recorded at stage ``space``."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_fusion.compile import import_onnx
+    from tvm_fusion.models.attention import attention_model
+
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    fused = T.fused_module(import_onnx(attention_model("bert", seq=32, project=True)), target)
+    tasks = [t for t in ms.relax_integration.extract_tasks(fused, target)
+             if not t.mod.attrs.get("tirx.is_scheduled", False)]
+    cfg = T.TuneConfig(tracker=None, key=None, target=target)
+    contexts, weights = T._tune_contexts(tasks, str(tmp_path), cfg)
+    kept, kept_weights = T._spaces_that_generate(contexts, weights, str(tmp_path))
+    assert 0 < len(kept) == len(kept_weights) < len(contexts)
+    failures = [json.loads(line) for line in (tmp_path / T.FAILURES_FILE).read_text().splitlines()]
+    assert {f["stage"] for f in failures} == {"space"}
+    assert all("reverse-compute-at" in f["error"] for f in failures)

@@ -374,6 +374,27 @@ def _tune_contexts(tasks, work_dir: str, cfg: TuneConfig):
             seed=cfg.seed)
 
 
+def _spaces_that_generate(contexts, weights, work_dir: str):
+    """The tasks whose design space meta_schedule's rules generate; the others keep their hand
+    schedule (``choice`` ``hand``), recorded in ``failures.jsonl`` at stage ``space``.
+
+    The task scheduler generates every space before its first trial and catches nothing there:
+    one rule failing on one kernel (``reverse_compute_at`` on BERT's fused attention, whose
+    producers sit under another loop) stopped the whole tuning."""
+    kept_contexts, kept_weights = [], []
+    for ctx, weight in zip(contexts, weights):
+        try:
+            ctx.generate_design_space()
+        except Exception as err:  # noqa: BLE001 (ScheduleError, TVMError: a rule's failure)
+            cause = rpc.root_cause(err)
+            _append_failure(work_dir, {"task": ctx.task_name, "stage": "space",
+                                       "cause": cause, "error": str(err)})
+            continue
+        kept_contexts.append(ctx)
+        kept_weights.append(weight)
+    return kept_contexts, kept_weights
+
+
 @contextlib.contextmanager
 def _unnamed_handlers_aside(name: str):
     """meta_schedule's logging set-up lists the logger's handlers by name and fails on an
@@ -463,7 +484,8 @@ def _tune(mod, cfg: TuneConfig, target, host, port, servers, work_dir, meta, db,
     ran = failed = 0
     if remaining:
         logging.getLogger(META_SCHEDULE_LOGGER).setLevel(logging.WARNING)
-        contexts, weights = _tune_contexts(tasks, work_dir, cfg)
+        contexts, weights = _spaces_that_generate(*_tune_contexts(tasks, work_dir, cfg),
+                                                  work_dir)
         cost_model = ms.cost_model.XGBModel(
             extractor=ms.feature_extractor.PerStoreFeature(), adaptive_training=True,
             num_warmup_samples=min(8, cfg.trials_per_iter))
@@ -479,13 +501,14 @@ def _tune(mod, cfg: TuneConfig, target, host, port, servers, work_dir, meta, db,
                                            cfg.progress)
         runner = _make_runner(cfg, host, port, servers)
         try:
-            ms.tune_tasks(
-                tasks=contexts, task_weights=weights, work_dir=work_dir,
-                max_trials_global=remaining, num_trials_per_iter=cfg.trials_per_iter,
-                builder=make_builder(cfg, target), runner=runner, database=db,
-                cost_model=cost_model,
-                measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
-                                   progress])
+            if contexts:  # else every kernel keeps its hand schedule
+                ms.tune_tasks(
+                    tasks=contexts, task_weights=weights, work_dir=work_dir,
+                    max_trials_global=remaining, num_trials_per_iter=cfg.trials_per_iter,
+                    builder=make_builder(cfg, target), runner=runner, database=db,
+                    cost_model=cost_model,
+                    measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
+                                       progress])
         except Exception as err:  # noqa: BLE001 (TVMError, RuntimeError, a ValueError whose
             # text is a worker's whole traceback: its first line would say nothing)
             raise TuneError(f"meta_schedule stopped: {rpc.root_cause(err)} (work dir "

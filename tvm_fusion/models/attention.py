@@ -49,6 +49,7 @@ class _Builder(GraphBuilder):
         self.dtype = dtype
         self.elem = _ELEM[dtype]
         self.rng = np.random.default_rng(seed)
+        self.tensors: set[str] = set()  # additive masks computed in the graph
 
     def const(self, value, dtype=None) -> str:
         dtype = dtype or _NP[self.dtype]
@@ -97,7 +98,8 @@ class _Builder(GraphBuilder):
 
     def causal_attention(self, q: str, k: str, v: str, head_dim: int, mask: str) -> str:
         """Llama's ``softmax(q·kᵀ·head_dim**-0.5 + mask)·v`` on ``[b, h, s, d]`` heads, the
-        softmax in float32 (``mask``: see :func:`llama_attention`)."""
+        softmax in float32 (``mask``: see :func:`llama_attention`; another name is an additive
+        mask tensor of the graph)."""
         b = self
         dtype = self.dtype
         s = b.node("MatMul", q, b.node("Transpose", k, perm=[0, 1, 3, 2]))
@@ -116,6 +118,8 @@ class _Builder(GraphBuilder):
                           b.const(1.0, np.float32))
             keep = b.node("Cast", b.node("Trilu", ones, upper=0), to=TensorProto.BOOL)
             s = b.node("Where", keep, s, b.const(-np.inf, np.float32))
+        elif mask in self.tensors:
+            s = b.node("Add", s, mask)
         elif mask != "none":
             raise ValueError(f"mask must be 'triu', 'where' or 'none', got {mask!r}")
         p = b.node("Softmax", s, axis=-1)
@@ -229,7 +233,8 @@ def llama_attention(batch=1, seq=64, heads=8, kv_heads=2, head_dim=16, dtype="fl
 
 
 def llama_decoder_layer(batch=1, seq=64, hidden=256, heads=8, kv_heads=2, head_dim=32,
-                        intermediate=688, past=None, eps=1e-5, seed=0) -> onnx.ModelProto:
+                        intermediate=688, past=None, layers=1, mask="triu", eps=1e-5,
+                        seed=0) -> onnx.ModelProto:
     """One Llama decoder layer as transformers computes it, fp32:
     ``h = x + o(attn(rope(q(n₁)), rope(k(n₁)), v(n₁)))``, ``y = h + down(silu(gate(n₂)) ·
     up(n₂))`` with ``n₁ = rms(x)``, ``n₂ = rms(h)`` (RMSNorm written out: Pow, ReduceMean,
@@ -241,11 +246,20 @@ def llama_decoder_layer(batch=1, seq=64, hidden=256, heads=8, kv_heads=2, head_d
     kv_heads, past, head_dim]`` (the key/value cache, before ``repeat_kv``), the new token's K
     and V concatenated after them, and outputs ``present_k``/``present_v`` besides ``y``; it
     needs ``seq=1`` (one query attends to the whole cache, so no mask).
+
+    ``layers`` stacks that many layers (own weights; ``cos``, ``sin`` and the mask shared).
+    ``mask="range"`` computes the causal mask once, before the layers, as
+    ``torch.onnx.export(dynamo=True)`` writes transformers' (``Range`` of the length read by
+    ``Shape``, ``LessOrEqual`` of its two views, ``Where(keep, 0, min)``), and every layer adds
+    that one tensor; ``"triu"`` builds it inside each layer.
     """
     if heads % kv_heads:
         raise ValueError(f"heads={heads} is not a multiple of kv_heads={kv_heads}")
-    if past is not None and seq != 1:
-        raise ValueError(f"a key/value cache (past={past!r}) takes seq=1, got seq={seq!r}")
+    if past is not None and (seq != 1 or layers != 1):
+        raise ValueError(f"a key/value cache (past={past!r}) takes seq=1 and one layer, got "
+                         f"seq={seq!r}, layers={layers}")
+    if mask not in ("triu", "range"):
+        raise ValueError(f"mask must be 'triu' or 'range', got {mask!r}")
     b = _Builder("llama_decoder_layer", "float32", seed)
     width, kv_width = heads * head_dim, kv_heads * head_dim
 
@@ -258,26 +272,39 @@ def llama_decoder_layer(batch=1, seq=64, hidden=256, heads=8, kv_heads=2, head_d
     x = b.add_input("x", [batch, seq, hidden])
     cos = b.node("Unsqueeze", b.add_input("cos", [batch, seq, head_dim]), b.ints([1]))
     sin = b.node("Unsqueeze", b.add_input("sin", [batch, seq, head_dim]), b.ints([1]))
-    n1 = rms_norm(x)
-    q, k, v = (b.node("MatMul", n1, b.weight(hidden, w)) for w in (width, kv_width, kv_width))
-    q = b.rotary(b.heads(q, heads, head_dim, [0, 2, 1, 3]), cos, sin, head_dim)
-    k = b.rotary(b.heads(k, kv_heads, head_dim, [0, 2, 1, 3]), cos, sin, head_dim)
-    v = b.heads(v, kv_heads, head_dim, [0, 2, 1, 3])
-    presents = []
     if past is not None:
-        cache = [batch, kv_heads, past, head_dim]
-        k = b.node("Concat", b.add_input("past_k", cache), k, axis=2)
-        v = b.node("Concat", b.add_input("past_v", cache), v, axis=2)
-        presents = [k, v]
-    rep = heads // kv_heads
-    k, v = b.repeat_kv(k, rep, heads, head_dim), b.repeat_kv(v, rep, heads, head_dim)
-    ctx = b.causal_attention(q, k, v, head_dim, "none" if past is not None else "triu")
-    h = b.node("Add", x, b.node("MatMul", b.merge(ctx, width), b.weight(width, hidden)))
-    n2 = rms_norm(h)
-    gate = b.node("MatMul", n2, b.weight(hidden, intermediate))
-    up = b.node("MatMul", n2, b.weight(hidden, intermediate))
-    act = b.node("Mul", b.node("Mul", gate, b.node("Sigmoid", gate)), up)
-    b.add_node("Add", [h, b.node("MatMul", act, b.weight(intermediate, hidden))], ["y"])
+        mask = "none"
+    elif mask == "range":
+        length = b.node("Squeeze", b.node("Slice", b.node("Shape", x), b.ints([1]),
+                                          b.ints([2])), b.ints([0]))
+        pos = b.node("Range", b.ints(0), length, b.ints(1))
+        keep = b.node("LessOrEqual", b.node("Unsqueeze", pos, b.ints([0])),
+                      b.node("Unsqueeze", pos, b.ints([1])))  # key j <= query i
+        mask = b.node("Where", keep, b.const(0.0), b.const(np.finfo(np.float32).min))
+        b.tensors.add(mask)
+    presents = []
+    for _ in range(layers):
+        n1 = rms_norm(x)
+        q, k, v = (b.node("MatMul", n1, b.weight(hidden, w))
+                   for w in (width, kv_width, kv_width))
+        q = b.rotary(b.heads(q, heads, head_dim, [0, 2, 1, 3]), cos, sin, head_dim)
+        k = b.rotary(b.heads(k, kv_heads, head_dim, [0, 2, 1, 3]), cos, sin, head_dim)
+        v = b.heads(v, kv_heads, head_dim, [0, 2, 1, 3])
+        if past is not None:
+            cache = [batch, kv_heads, past, head_dim]
+            k = b.node("Concat", b.add_input("past_k", cache), k, axis=2)
+            v = b.node("Concat", b.add_input("past_v", cache), v, axis=2)
+            presents = [k, v]
+        rep = heads // kv_heads
+        k, v = b.repeat_kv(k, rep, heads, head_dim), b.repeat_kv(v, rep, heads, head_dim)
+        ctx = b.causal_attention(q, k, v, head_dim, mask)
+        h = b.node("Add", x, b.node("MatMul", b.merge(ctx, width), b.weight(width, hidden)))
+        n2 = rms_norm(h)
+        gate = b.node("MatMul", n2, b.weight(hidden, intermediate))
+        up = b.node("MatMul", n2, b.weight(hidden, intermediate))
+        act = b.node("Mul", b.node("Mul", gate, b.node("Sigmoid", gate)), up)
+        x = b.node("Add", h, b.node("MatMul", act, b.weight(intermediate, hidden)))
+    b.add_node("Identity", [x], ["y"])
     b.outputs.append(value_info("y", [batch, seq, hidden]))
     for name, t in zip(("present_k", "present_v"), presents):
         b.add_node("Identity", [t], [name])

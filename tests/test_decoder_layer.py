@@ -9,6 +9,8 @@ two cache lengths. ``scripts/bench_decoder.py`` times the Llama-size layer.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import tvm
@@ -19,9 +21,11 @@ from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_on
 from tvm_fusion.feeds import random_inputs
 from tvm_fusion.models.attention import llama_decoder_layer
 from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.relay_passes.compound_extents import BindCompoundExtents
 from tvm_fusion.relay_passes.index_masks import RecomputeIndexMasks, is_index_computation
+from tvm_fusion.symbolic import takes_sizes
 from tvm_fusion.tir_schedules.attention import ATTENTION_ATTR
-from tvm_fusion.tir_schedules.records import SCHEDULE_ATTR
+from tvm_fusion.tir_schedules.records import SCHEDULE_ATTR, ScheduleFailedWarning
 
 TINY = {"hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "intermediate": 96}
 
@@ -46,10 +50,14 @@ def test_prefill_two_lengths_one_module():
 
 
 def test_decode_step_two_cache_lengths_one_module():
-    """One query against the cache: outputs ``y`` and the cache with the new token."""
+    """One query against the cache: outputs ``y`` and the cache with the new token. Every
+    kernel keeps its schedule: the ``past + 1`` keys after the concat no longer make the
+    fused Q/K/V projection fall back to plain loops (BindCompoundExtents)."""
     model = llama_decoder_layer(seq=1, past="past", **TINY)
     assert [o.name for o in model.graph.output] == ["y", "present_k", "present_v"]
-    _one_module(model, ({"past": 5}, {"past": 300}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScheduleFailedWarning)
+        _one_module(model, ({"past": 5}, {"past": 300}))
 
 
 def test_shared_range_mask_skips_tiles_in_every_layer():
@@ -136,3 +144,48 @@ def test_recompute_index_masks_gives_each_reader_its_copy():
         vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
         results.append(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy())
     np.testing.assert_array_equal(results[0], results[1])
+
+
+# ------------------------------------------------------------------- BindCompoundExtents
+
+
+def _cache_module():
+    """``concat(past_k, k)`` (``past + 1`` keys), then two operators on the result."""
+    past = tvm.tirx.Var("past", "int64")
+    bb = relax.BlockBuilder()
+    cache = relax.Var("cache", relax.TensorType((2, past, 8), "float32"))
+    new = relax.Var("new", relax.TensorType((2, 1, 8), "float32"))
+    with bb.function("main", [cache, new]):
+        with bb.dataflow():
+            keys = bb.emit(relax.op.concat([cache, new], axis=1))
+            doubled = bb.emit(relax.op.add(keys, keys))
+            total = bb.emit(relax.op.sum(relax.op.exp(doubled), axis=1))
+            out = bb.emit_output(relax.Tuple([total, keys]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _calls_with_sizes(mod) -> int:
+    """``call_tir``s that take symbolic sizes as arguments (never fused)."""
+    return sum(takes_sizes(b.value) for b in mod["main"].body.blocks[0].bindings
+               if isinstance(b.value, relax.Call) and b.value.op.name == "relax.call_tir")
+
+
+def test_compound_extents_get_a_variable_and_no_size_arguments():
+    before = _cache_module()
+    after = BindCompoundExtents()(before)
+    legalize = tvm.transform.Sequential([relax.transform.LegalizeOps(),
+                                         relax.transform.CanonicalizeBindings()])
+    assert _calls_with_sizes(legalize(before)) == 3  # add, exp, sum over past + 1
+    assert _calls_with_sizes(legalize(after)) == 0
+    # the outputs keep their shapes (the function's return type), and the values
+    assert str(after["main"].ret_ty) == str(before["main"].ret_ty)
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal(s).astype("float32") for s in ((2, 5, 8), (2, 1, 8))]
+    results = []
+    for mod in (before, after):
+        vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+        got = vm["main"](*[tvm.runtime.tensor(a) for a in inputs])
+        results.append([g.numpy() for g in got])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)

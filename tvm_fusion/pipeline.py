@@ -41,6 +41,7 @@ from .layout.texture_lower import LowerTextures
 from .options import Options
 from .relay_passes.apollo.feedback import ApolloFuse, Blocklist
 from .relay_passes.apollo.partition import ApolloOptions
+from .relay_passes.compound_extents import BindCompoundExtents
 from .relay_passes.fusion_guard import FusionGuard
 from .relay_passes.fusion_plan import PlanOptions
 from .relay_passes.index_masks import RecomputeIndexMasks
@@ -114,6 +115,8 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
         if layout == "auto" and opts.optifx.conv_chains != "off":
             layout = "NCHW"
         passes.append(PackConvs(target, layout))
+    if ours:  # `past + 1` extents (a decode step's cache) named by variables of their own
+        passes.append(BindCompoundExtents())
     passes += legalize_passes(target)
     if strategy == "dnnfusion" and opts.planning.attention:
         # a mask computed from indices once for every layer: a copy per reader, which each

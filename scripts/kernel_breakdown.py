@@ -83,10 +83,16 @@ def main(argv=None) -> int:
                         help="kind, tag or JSON dict; default: this machine's CPU")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--top", type=int, default=6, help="slowest kernels listed per build")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                        help="the size of a symbolic dimension (repeatable): past=2048")
     args = parser.parse_args(argv)
     target = host_target() if args.target == "native" else to_target(args.target)
     model = load_onnx(args.model)
-    feeds = random_inputs(model)
+    try:
+        sizes = {k: int(v) for k, v in (d.split("=", 1) for d in args.dim)}
+    except ValueError:
+        parser.error(f"--dim takes NAME=N, got {args.dim}")
+    feeds = random_inputs(model, shape_overrides=sizes or None)
     dev = tvm.cpu()
     inputs = [tvm.runtime.tensor(feeds[n], dev) for n in graph_input_names(model)]
     vms = {build: relax.VirtualMachine(compile_model(import_onnx(model), target, **options), dev)

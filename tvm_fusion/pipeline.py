@@ -41,8 +41,10 @@ from .layout.texture_lower import LowerTextures
 from .options import Options
 from .relay_passes.apollo.feedback import ApolloFuse, Blocklist
 from .relay_passes.apollo.partition import ApolloOptions
+from .relay_passes.compound_extents import BindCompoundExtents
 from .relay_passes.fusion_guard import FusionGuard
 from .relay_passes.fusion_plan import PlanOptions
+from .relay_passes.index_masks import RecomputeIndexMasks
 from .relay_passes.mapping_type import AnnotateMappingType
 from .relay_passes.plan_fusion import PlanFusion
 from .relay_passes.repack_storage import RepackStorage
@@ -113,7 +115,13 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
         if layout == "auto" and opts.optifx.conv_chains != "off":
             layout = "NCHW"
         passes.append(PackConvs(target, layout))
+    if ours:  # `past + 1` extents (a decode step's cache) named by variables of their own
+        passes.append(BindCompoundExtents())
     passes += legalize_passes(target)
+    if strategy == "dnnfusion" and opts.planning.attention:
+        # a mask computed from indices once for every layer: a copy per reader, which each
+        # attention block takes in and reads as an index expression (skipping masked tiles)
+        passes.append(RecomputeIndexMasks())
     if ours and smartmem.layout:
         passes.append(EliminateLayoutTransforms(target, smartmem.layout_policy,
                                                 smartmem.layout_copies, smartmem.fuse_epilogues))

@@ -33,7 +33,7 @@ from onnx import TensorProto
 from .graph import GraphBuilder, value_info
 
 __all__ = ["ATTENTION_MODELS", "attention_model", "bert_attention", "gpt2_attention",
-           "llama_attention", "swin_attention", "vit_attention"]
+           "llama_attention", "llama_decoder_layer", "swin_attention", "vit_attention"]
 
 _ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 _NP = {"float32": np.float32, "float16": np.float16}
@@ -49,6 +49,7 @@ class _Builder(GraphBuilder):
         self.dtype = dtype
         self.elem = _ELEM[dtype]
         self.rng = np.random.default_rng(seed)
+        self.tensors: set[str] = set()  # additive masks computed in the graph
 
     def const(self, value, dtype=None) -> str:
         dtype = dtype or _NP[self.dtype]
@@ -72,6 +73,59 @@ class _Builder(GraphBuilder):
         """``[b, h, s, d]`` → Transpose → Reshape ``[b, s, h·d]`` (the heads merged)."""
         t = self.node("Transpose", ctx, perm=[0, 2, 1, 3])
         return self.node("Reshape", t, self.ints([0, 0, width]))
+
+    def repeat_kv(self, t: str, rep: int, heads: int, head_dim: int) -> str:
+        """transformers' ``repeat_kv``: ``[b, kv, s, d]`` unsqueezed to ``[b, kv, 1, s, d]``,
+        expanded to ``[b, kv, rep, s, d]`` (sizes read by ``Shape``), reshaped to
+        ``[b, heads, s, d]``."""
+        if rep == 1:
+            return t
+        shape = self.node("Shape", t)
+        dims = [self.node("Slice", shape, self.ints([i]), self.ints([i + 1])) for i in range(4)]
+        target = self.node("Concat", dims[0], dims[1], self.ints([rep]), dims[2], dims[3],
+                           axis=0)
+        e = self.node("Expand", self.node("Unsqueeze", t, self.ints([2])), target)
+        return self.node("Reshape", e, self.ints([0, heads, -1, head_dim]))
+
+    def rotary(self, t: str, cos: str, sin: str, head_dim: int) -> str:
+        """``t·cos + rotate_half(t)·sin`` on ``[b, h, s, d]`` (``rotate_half`` by Slice, Neg,
+        Concat), as transformers applies rotary embeddings."""
+        half = head_dim // 2
+        lo = self.node("Slice", t, self.ints([0]), self.ints([half]), self.ints([3]))
+        hi = self.node("Slice", t, self.ints([half]), self.ints([head_dim]), self.ints([3]))
+        rot = self.node("Concat", self.node("Neg", hi), lo, axis=3)
+        return self.node("Add", self.node("Mul", t, cos), self.node("Mul", rot, sin))
+
+    def causal_attention(self, q: str, k: str, v: str, head_dim: int, mask: str) -> str:
+        """Llama's ``softmax(q·kᵀ·head_dim**-0.5 + mask)·v`` on ``[b, h, s, d]`` heads, the
+        softmax in float32 (``mask``: see :func:`llama_attention`; another name is an additive
+        mask tensor of the graph)."""
+        b = self
+        dtype = self.dtype
+        s = b.node("MatMul", q, b.node("Transpose", k, perm=[0, 1, 3, 2]))
+        s = b.node("Mul", s, b.const(head_dim ** -0.5))
+        if dtype == "float16":
+            s = b.node("Cast", s, to=TensorProto.FLOAT)
+        neg = np.finfo(np.float32).min
+        if mask == "triu":
+            # transformers' older causal mask: full((q, kv), min).triu(1), added to the scores
+            shape = b.node("Shape", s)
+            qk = b.node("Slice", shape, b.ints([2]), b.ints([4]))
+            full = b.node("Expand", b.const(neg, np.float32), qk)
+            s = b.node("Add", s, b.node("Trilu", full, b.ints(1), upper=1))
+        elif mask == "where":
+            ones = b.node("Add", b.node("Mul", s, b.const(0.0, np.float32)),
+                          b.const(1.0, np.float32))
+            keep = b.node("Cast", b.node("Trilu", ones, upper=0), to=TensorProto.BOOL)
+            s = b.node("Where", keep, s, b.const(-np.inf, np.float32))
+        elif mask in self.tensors:
+            s = b.node("Add", s, mask)
+        elif mask != "none":
+            raise ValueError(f"mask must be 'triu', 'where' or 'none', got {mask!r}")
+        p = b.node("Softmax", s, axis=-1)
+        if dtype == "float16":
+            p = b.node("Cast", p, to=TensorProto.FLOAT16)
+        return b.node("MatMul", p, v)
 
     def finish(self, out: str, out_shape) -> onnx.ModelProto:
         """The model, ``out`` (the last node's output) renamed ``y``."""
@@ -167,55 +221,96 @@ def llama_attention(batch=1, seq=64, heads=8, kv_heads=2, head_dim=16, dtype="fl
     k = b.heads(k, kv_heads, head_dim, [0, 2, 1, 3])
     v = b.heads(v, kv_heads, head_dim, [0, 2, 1, 3])
 
-    def repeat_kv(t: str) -> str:
-        if rep == 1:
-            return t
-        # [b, kv, 1, s, d] expanded to [b, kv, rep, s, d] (sizes read by Shape), then
-        # reshaped to [b, heads, s, d]
-        shape = b.node("Shape", t)
-        dims = [b.node("Slice", shape, b.ints([i]), b.ints([i + 1])) for i in range(4)]
-        target = b.node("Concat", dims[0], dims[1], b.ints([rep]), dims[2], dims[3], axis=0)
-        e = b.node("Expand", b.node("Unsqueeze", t, b.ints([2])), target)
-        return b.node("Reshape", e, b.ints([0, heads, -1, head_dim]))
-
     if rope:
         cos = b.node("Unsqueeze", b.add_input("cos", [batch, seq, head_dim], b.elem),
                      b.ints([1]))
         sin = b.node("Unsqueeze", b.add_input("sin", [batch, seq, head_dim], b.elem),
                      b.ints([1]))
-        half = head_dim // 2
-
-        def rotary(t: str) -> str:
-            lo = b.node("Slice", t, b.ints([0]), b.ints([half]), b.ints([3]))
-            hi = b.node("Slice", t, b.ints([half]), b.ints([head_dim]), b.ints([3]))
-            rot = b.node("Concat", b.node("Neg", hi), lo, axis=3)
-            return b.node("Add", b.node("Mul", t, cos), b.node("Mul", rot, sin))
-
-        q, k = rotary(q), rotary(k)
-    k, v = repeat_kv(k), repeat_kv(v)
-    s = b.node("MatMul", q, b.node("Transpose", k, perm=[0, 1, 3, 2]))
-    s = b.node("Mul", s, b.const(head_dim ** -0.5))
-    if dtype == "float16":
-        s = b.node("Cast", s, to=TensorProto.FLOAT)
-    neg = np.finfo(np.float32).min
-    if mask == "triu":
-        # transformers' older causal mask: full((q, kv), min).triu(1), added to the scores
-        shape = b.node("Shape", s)
-        qk = b.node("Slice", shape, b.ints([2]), b.ints([4]))
-        full = b.node("Expand", b.const(neg, np.float32), qk)
-        s = b.node("Add", s, b.node("Trilu", full, b.ints(1), upper=1))
-    elif mask == "where":
-        ones = b.node("Add", b.node("Mul", s, b.const(0.0, np.float32)),
-                      b.const(1.0, np.float32))
-        keep = b.node("Cast", b.node("Trilu", ones, upper=0), to=TensorProto.BOOL)
-        s = b.node("Where", keep, s, b.const(-np.inf, np.float32))
-    elif mask != "none":
-        raise ValueError(f"mask must be 'triu', 'where' or 'none', got {mask!r}")
-    p = b.node("Softmax", s, axis=-1)
-    if dtype == "float16":
-        p = b.node("Cast", p, to=TensorProto.FLOAT16)
-    out = b.merge(b.node("MatMul", p, v), width)
+        q, k = b.rotary(q, cos, sin, head_dim), b.rotary(k, cos, sin, head_dim)
+    k, v = b.repeat_kv(k, rep, heads, head_dim), b.repeat_kv(v, rep, heads, head_dim)
+    out = b.merge(b.causal_attention(q, k, v, head_dim, mask), width)
     return b.finish(out, [batch, seq, width])
+
+
+def llama_decoder_layer(batch=1, seq=64, hidden=256, heads=8, kv_heads=2, head_dim=32,
+                        intermediate=688, past=None, layers=1, mask="triu", eps=1e-5,
+                        seed=0) -> onnx.ModelProto:
+    """One Llama decoder layer as transformers computes it, fp32:
+    ``h = x + o(attn(rope(q(n₁)), rope(k(n₁)), v(n₁)))``, ``y = h + down(silu(gate(n₂)) ·
+    up(n₂))`` with ``n₁ = rms(x)``, ``n₂ = rms(h)`` (RMSNorm written out: Pow, ReduceMean,
+    Add, Sqrt, Div, Mul, Mul by its weight), grouped-query attention with ``repeat_kv`` and the
+    ``triu`` causal mask of :func:`llama_attention`, ``cos``/``sin`` ``[batch, seq,
+    head_dim]`` inputs (a model computes them once for all its layers).
+
+    ``past`` (an int or a name) is the decode shape: inputs ``past_k``/``past_v`` ``[batch,
+    kv_heads, past, head_dim]`` (the key/value cache, before ``repeat_kv``), the new token's K
+    and V concatenated after them, and outputs ``present_k``/``present_v`` besides ``y``; it
+    needs ``seq=1`` (one query attends to the whole cache, so no mask).
+
+    ``layers`` stacks that many layers (own weights; ``cos``, ``sin`` and the mask shared).
+    ``mask="range"`` computes the causal mask once, before the layers, as
+    ``torch.onnx.export(dynamo=True)`` writes transformers' (``Range`` of the length read by
+    ``Shape``, ``LessOrEqual`` of its two views, ``Where(keep, 0, min)``), and every layer adds
+    that one tensor; ``"triu"`` builds it inside each layer.
+    """
+    if heads % kv_heads:
+        raise ValueError(f"heads={heads} is not a multiple of kv_heads={kv_heads}")
+    if past is not None and (seq != 1 or layers != 1):
+        raise ValueError(f"a key/value cache (past={past!r}) takes seq=1 and one layer, got "
+                         f"seq={seq!r}, layers={layers}")
+    if mask not in ("triu", "range"):
+        raise ValueError(f"mask must be 'triu' or 'range', got {mask!r}")
+    b = _Builder("llama_decoder_layer", "float32", seed)
+    width, kv_width = heads * head_dim, kv_heads * head_dim
+
+    def rms_norm(t: str) -> str:
+        var = b.node("ReduceMean", b.node("Pow", t, b.const(2.0)), axes=[-1], keepdims=1)
+        inv = b.node("Div", b.const(1.0), b.node("Sqrt", b.node("Add", var, b.const(eps))))
+        gain = b.const(1.0 + 0.1 * b.rng.standard_normal(hidden))
+        return b.node("Mul", gain, b.node("Mul", t, inv))
+
+    x = b.add_input("x", [batch, seq, hidden])
+    cos = b.node("Unsqueeze", b.add_input("cos", [batch, seq, head_dim]), b.ints([1]))
+    sin = b.node("Unsqueeze", b.add_input("sin", [batch, seq, head_dim]), b.ints([1]))
+    if past is not None:
+        mask = "none"
+    elif mask == "range":
+        length = b.node("Squeeze", b.node("Slice", b.node("Shape", x), b.ints([1]),
+                                          b.ints([2])), b.ints([0]))
+        pos = b.node("Range", b.ints(0), length, b.ints(1))
+        keep = b.node("LessOrEqual", b.node("Unsqueeze", pos, b.ints([0])),
+                      b.node("Unsqueeze", pos, b.ints([1])))  # key j <= query i
+        mask = b.node("Where", keep, b.const(0.0), b.const(np.finfo(np.float32).min))
+        b.tensors.add(mask)
+    presents = []
+    for _ in range(layers):
+        n1 = rms_norm(x)
+        q, k, v = (b.node("MatMul", n1, b.weight(hidden, w))
+                   for w in (width, kv_width, kv_width))
+        q = b.rotary(b.heads(q, heads, head_dim, [0, 2, 1, 3]), cos, sin, head_dim)
+        k = b.rotary(b.heads(k, kv_heads, head_dim, [0, 2, 1, 3]), cos, sin, head_dim)
+        v = b.heads(v, kv_heads, head_dim, [0, 2, 1, 3])
+        if past is not None:
+            cache = [batch, kv_heads, past, head_dim]
+            k = b.node("Concat", b.add_input("past_k", cache), k, axis=2)
+            v = b.node("Concat", b.add_input("past_v", cache), v, axis=2)
+            presents = [k, v]
+        rep = heads // kv_heads
+        k, v = b.repeat_kv(k, rep, heads, head_dim), b.repeat_kv(v, rep, heads, head_dim)
+        ctx = b.causal_attention(q, k, v, head_dim, mask)
+        h = b.node("Add", x, b.node("MatMul", b.merge(ctx, width), b.weight(width, hidden)))
+        n2 = rms_norm(h)
+        gate = b.node("MatMul", n2, b.weight(hidden, intermediate))
+        up = b.node("MatMul", n2, b.weight(hidden, intermediate))
+        act = b.node("Mul", b.node("Mul", gate, b.node("Sigmoid", gate)), up)
+        x = b.node("Add", h, b.node("MatMul", act, b.weight(intermediate, hidden)))
+    b.add_node("Identity", [x], ["y"])
+    b.outputs.append(value_info("y", [batch, seq, hidden]))
+    for name, t in zip(("present_k", "present_v"), presents):
+        b.add_node("Identity", [t], [name])
+        total = past + 1 if isinstance(past, int) else f"{past} + 1"
+        b.outputs.append(value_info(name, [batch, kv_heads, total, head_dim]))
+    return b.model()
 
 
 def vit_attention(batch=1, seq=50, heads=4, head_dim=16, dtype="float32", project=False,

@@ -47,6 +47,7 @@ from ..tir_schedules.attention_match import (
 from .ecg import ECG
 from .fusion_plan import path_reenters
 from .grouping import group_bindings
+from .index_masks import is_index_computation
 from .mapping_type import MappingType
 from .rejection import RejectReason
 
@@ -139,6 +140,10 @@ class _Facts:
 
     def cast(self, index: int) -> bool:
         return bool(self.ecg.nodes[index].fusible and self._get("cast", index, is_pure_cast))
+
+    def index_computation(self, index: int) -> bool:
+        return bool(self.ecg.nodes[index].fusible
+                    and self._get("index", index, is_index_computation))
 
 
 def find_attention(ecg: ECG, mod: tvm.IRModule, where: tuple[str, int] = ("main", 0),
@@ -257,7 +262,7 @@ def _candidate(ecg: ECG, facts: _Facts, pv: int):
         src = _input_node(ecg, node, position)
         if src is not None and src not in members:
             role.setdefault(src, side)
-    _grow_producers(ecg, members, role)
+    _grow_producers(ecg, facts, members, role)
     score_nodes = tuple(sorted(n for n in members if nodes[n].out_shapes
                                and _numel(nodes[n].out_shapes[0]) == score_numel
                                and n != pv))
@@ -348,11 +353,13 @@ def _epilogue(ecg: ECG, facts: _Facts, pv: int) -> set[int]:
     return taken
 
 
-def _grow_producers(ecg: ECG, members: set[int], role: dict) -> None:
+def _grow_producers(ecg: ECG, facts: _Facts, members: set[int], role: dict) -> None:
     """Add the producers only the block reads, to a fixed point: data movement and
-    element-wise arithmetic (never a Many-to-Many operator). The CPU kernel evaluates K- and
-    V-side prologues once per head when it packs them (RoPE on K costs a few operations per
-    key), Q-side ones once per query block, score-side ones per score."""
+    element-wise arithmetic (never a Many-to-Many operator, except on the score side an index
+    computation: a mask's ``GatherND`` of positions, which the template folds into an index
+    expression). The CPU kernel evaluates K- and V-side prologues once per head when it packs
+    them (RoPE on K costs a few operations per key), Q-side ones once per query block,
+    score-side ones per score."""
     nodes = ecg.nodes
     changed = True
     while changed:
@@ -363,11 +370,13 @@ def _grow_producers(ecg: ECG, members: set[int], role: dict) -> None:
                     continue
                 node = nodes[p]
                 if (not node.fusible or node.is_graph_output
-                        or node.mapping_type not in _DATA_MOVEMENT
                         or not all(s in members for s in node.succs)):
                     continue
                 # an operand's own side, else the sides of what reads it
                 sides = {role[p]} if p in role else {role.get(s, "k") for s in node.succs}
+                if node.mapping_type not in _DATA_MOVEMENT and not (
+                        sides == {"score"} and facts.index_computation(p)):
+                    continue
                 members.add(p)
                 role[p] = "q" if sides == {"q"} else ("score" if "score" in sides else
                                                       sorted(sides)[0])

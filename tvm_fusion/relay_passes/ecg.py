@@ -185,6 +185,7 @@ def build_ecg(
     # sizes known before a binding (the function's inputs define them): a match_cast that only
     # restates one (a shape pinned to the exporter's) reads nothing at run time
     known_dims: set[str] = set()
+    producer_calls: dict = {}  # var -> the call that computes it
     for pos, binding in enumerate(bindings):
         var, value = binding.var, binding.value
         for used in relax.analysis.free_vars(value):
@@ -207,6 +208,16 @@ def build_ecg(
         if node is None:
             carried[var] = sources(value)
             continue
+        for arg in _renamed_inputs(cache.mod, value, producer_calls):
+            # the kernel names an extent (``past + 1``) by a variable of its own
+            # (BindCompoundExtents): FuseTIR cannot put it in one kernel with the producer,
+            # whose buffer has the compound extent (two shapes for one Relax value)
+            src = var_to_node.get(arg)
+            if src is not None and nodes[src].fusible:
+                nodes[src].fusible = False
+                nodes[src].reason = ("a reader names its compound extent by a variable of its "
+                                     "own (FuseTIR needs one buffer shape per value)")
+        producer_calls[var] = value
         shape_deps = dim_sources(var.ty)
         if shape_deps:
             node.fusible = False
@@ -234,6 +245,35 @@ def build_ecg(
             if used in var_to_node:
                 nodes[var_to_node[used]].is_graph_output = True
     return ECG(nodes, block, var_to_node)
+
+
+def _renamed_inputs(mod: tvm.IRModule, call: relax.Call, producers: dict) -> list:
+    """The tensor arguments of a ``call_tir`` whose producing kernel's result buffer has a
+    compound extent (``past + 1``) where this kernel's buffer has a plain variable."""
+    func = _prim_func(mod, call)
+    if func is None:
+        return []
+    found = []
+    for arg, param in zip(_call_inputs(call), func.params):
+        source = _prim_func(mod, producers.get(arg))
+        if source is None:
+            continue
+        mine, theirs = getattr(param.ty, "shape", None), getattr(source.params[-1].ty, "shape",
+                                                                 None)
+        if mine is None or theirs is None or len(mine) != len(theirs):
+            continue
+        if any(not isinstance(a, (tvm.ir.Var, tirx.IntImm)) and isinstance(b, tvm.ir.Var)
+               for a, b in zip(theirs, mine)):
+            found.append(arg)
+    return found
+
+
+def _prim_func(mod: tvm.IRModule, call) -> tirx.PrimFunc | None:
+    if not isinstance(call, relax.Call) or not call.op.same_as(_CALL_TIR) or not isinstance(
+            call.args[0], tvm.ir.GlobalVar):
+        return None
+    func = mod[call.args[0]]
+    return func if isinstance(func, tirx.PrimFunc) else None
 
 
 def _make_node(index, pos, var, call, weight_params, policy, cache) -> ECGNode | None:

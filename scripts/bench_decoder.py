@@ -1,0 +1,136 @@
+"""A Llama-style decoder layer against ONNX Runtime: issue 21's second "must show".
+
+    TVM_NUM_THREADS=1 taskset -c 1 python scripts/bench_decoder.py [--seqs 128,2048]
+        [--past 2048] [--seconds 3] [--out out/decoder] [--small]
+
+The layer (``tvm_fusion.models.attention.llama_decoder_layer``: hidden 2048, 32 query heads,
+4 key/value heads, head size 64, RoPE, RMSNorm, SwiGLU 5632; ``--small``: a tiny one) is
+exported twice:
+
+* **prefill**, a symbolic sequence length ``seq`` (causal mask): compiled once by tvm_fusion,
+  run at every ``--seqs`` length;
+* **decode**, one query against a key/value cache of symbolic length ``past`` (inputs
+  ``past_k``/``past_v``, outputs the new cache): compiled once, run at ``--past``.
+
+At each size the outputs are compared with ONNX Runtime's unoptimised session (the reference)
+and the two are timed against ONNX Runtime with its default session options (graph
+optimisations on) and one intra-op thread, calls alternated (``medians_in_turns``), medians
+over at least ``--seconds`` per side. Writes ``--out/decoder.json`` and ``decoder.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+
+from tvm_fusion.bench import medians_in_turns  # noqa: E402
+from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, run  # noqa: E402
+from tvm_fusion.feeds import random_inputs  # noqa: E402
+from tvm_fusion.models.attention import llama_decoder_layer  # noqa: E402
+from tvm_fusion.numerics import max_abs_error, onnx_reference  # noqa: E402
+from tvm_fusion.target import host_target_dict, to_target  # noqa: E402
+
+LLAMA = {"hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 64, "intermediate": 5632}
+SMALL = {"hidden": 256, "heads": 8, "kv_heads": 2, "head_dim": 32, "intermediate": 688}
+
+
+def ort_session(model) -> ort.InferenceSession:
+    """ONNX Runtime as a user gets it: default session options, one intra-op thread."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def measure(model, executable, sizes: dict, seconds: float, name: str) -> dict:
+    """Outputs against the reference, then tvm_fusion and ORT timed in turns."""
+    import tvm
+
+    feeds = random_inputs(model, seed=0, shape_overrides=sizes)
+    names = graph_input_names(model)
+    inputs = [feeds[n] for n in names]
+    ref = onnx_reference(model, feeds)
+    err = max_abs_error(run(executable, inputs), ref)
+    sess = ort_session(model)
+    err_ort = max_abs_error(sess.run(None, feeds), ref)
+    vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
+    args = [tvm.runtime.tensor(x) for x in inputs]
+    main = vm["main"]
+    calls = {"tvm_fusion": lambda: main(*args), "onnxruntime": lambda: sess.run(None, feeds)}
+    start = time.perf_counter()
+    calls["tvm_fusion"]()
+    once = max(time.perf_counter() - start, 1e-4)
+    repeat = max(3, math.ceil(seconds / once))
+    t = medians_in_turns(calls, warmup=1, repeat=repeat)
+    row = {"case": name, "sizes": sizes, "tvm_fusion_ms": t["tvm_fusion"],
+           "onnxruntime_ms": t["onnxruntime"], "speedup": t["onnxruntime"] / t["tvm_fusion"],
+           "max_abs_err": err, "ort_optimised_err": err_ort,
+           "scale": float(max(np.abs(r).max() for r in ref)), "calls": repeat}
+    print(f"  {name} {sizes}: tvm_fusion {row['tvm_fusion_ms']:.1f} ms, ORT "
+          f"{row['onnxruntime_ms']:.1f} ms, {row['speedup']:.2f}x; max err {err:.1e} "
+          f"(ORT optimised {err_ort:.1e})", flush=True)
+    return row
+
+
+def markdown(result: dict) -> str:
+    lines = [f"Machine: {result['machine']}; target {result['target']}; "
+             f"TVM_NUM_THREADS={result['threads']}; {result['when']}.", "",
+             "| case | size | tvm_fusion (ms) | ONNX Runtime (ms) | ORT / tvm_fusion | "
+             "max abs err vs ORT |", "|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        size = ", ".join(f"{k} {v}" for k, v in r["sizes"].items())
+        lines.append(f"| {r['case']} | {size} | {r['tvm_fusion_ms']:.1f} | "
+                     f"{r['onnxruntime_ms']:.1f} | **{r['speedup']:.2f}×** | "
+                     f"{r['max_abs_err']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seqs", default="128,2048")
+    parser.add_argument("--past", default="2048", help="cache lengths of the decode step")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--small", action="store_true", help="a tiny layer (a smoke test)")
+    parser.add_argument("--out", default=str(ROOT / "out" / "decoder"))
+    args = parser.parse_args(argv)
+    config = SMALL if args.small else LLAMA
+    threads = os.environ.get("TVM_NUM_THREADS", "")
+    spec = host_target_dict()
+    if threads:
+        spec["num-cores"] = int(threads)
+    target = to_target(spec)
+    result = {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+              "target": json.dumps(spec), "threads": threads or "default",
+              "when": time.strftime("%Y-%m-%d %H:%M"), "config": config, "rows": []}
+    cases = [("prefill", llama_decoder_layer(seq="seq", **config), "seq", args.seqs),
+             ("decode", llama_decoder_layer(seq=1, past="past", **config), "past", args.past)]
+    for name, model, dim, sizes in cases:
+        start = time.perf_counter()
+        executable = compile_model(import_onnx(model), target)
+        result[f"{name}_build_s"] = round(time.perf_counter() - start, 1)
+        print(f"{name}: one module built in {result[f'{name}_build_s']} s", flush=True)
+        for size in (int(s) for s in sizes.split(",") if s):
+            result["rows"].append(measure(model, executable, {dim: size}, args.seconds, name))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "decoder.json").write_text(json.dumps(result, indent=2))
+    (out / "decoder.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,6 +18,21 @@ the pass at milliseconds (folding built one LLVM function per weight shape: seco
 ``matmul_packed`` is an ordinary reduction for legalisation, TVM's op patterns and fusion: the
 epilogues fuse into it as into a matmul; ``ScheduleFusedBlocks`` recognises its read of ``Bp``
 and emits the packed GEMM nest (``tir_schedules/cpu_gemm.py``).
+
+A dense NCHW convolution with a constant weight and static shapes (``relax.nn.conv2d``,
+groups 1, float32) is the same GEMM, as MLAS computes it (im2col + SGEMM): the weight
+``W[N, C·kh·kw]`` is the A operand (rows: output channels, contiguous in k), and the im2col
+matrix of the input, packed per call straight into NR-column panels, is B (columns: the
+output positions of every image)::
+
+    Bp[p // NR, k, p % NR] = x_pad[b(p), c(k), oh(p)·sh + r(k)·dh, ow(p)·sw + s(k)·dw]
+    C[co, p] = Σ_k W[co, k] · Bp[p // NR, k, p % NR]          # matmul_packed
+    y[b, co, oh, ow] = C[co, b·OH·OW + oh·OW + ow]
+
+so each output row is stored contiguously, partial sums included, and the micro-kernel runs at
+GEMM speed whatever the kernel size, stride, dilation or channel count; the packing is one pass
+over K × positions floats (the input itself for a 1×1 conv). A symbolic dimension keeps the
+direct conv (its schedule handles symbolic maps).
 """
 
 from __future__ import annotations
@@ -58,6 +73,57 @@ def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int) -> te.Tensor:
     return te.compute((*x.shape[:-1], tirx.const(n, "int64")), value, name=PACKED_GEMM)
 
 
+def conv2d_gemm(x: te.Tensor, w: te.Tensor, nr: int, kernel: tuple[int, int],
+                strides: tuple[int, int], padding: tuple[int, int, int, int],
+                dilation: tuple[int, int]) -> te.Tensor:
+    """NCHW ``conv2d(x, W)`` as the packed GEMM (module docstring): ``w`` is ``W[N, C·kh·kw]``
+    (the A operand), ``nr`` the panel width of the im2col matrix packed per call, ``padding``
+    (top, left, bottom, right). ``x``'s shape must be static."""
+    batch, channels, height, width = (int(d) for d in x.shape)
+    out_channels = int(w.shape[0])
+    kh, kw = kernel
+    sh, sw = strides
+    dh, dw = dilation
+    top, left, bottom, right = padding
+    out_h = (height + top + bottom - dh * (kh - 1) - 1) // sh + 1
+    out_w = (width + left + right - dw * (kw - 1) - 1) // sw + 1
+    positions = out_h * out_w
+    n = batch * positions  # the GEMM's columns: every output position of every image
+    k_total = channels * kh * kw
+    dtype = "int64"
+
+    def c(v):
+        return tirx.const(v, dtype)
+
+    def im2col(pj, k, lane):
+        j = pj * c(nr) + lane
+        b, pos = tirx.floordiv(j, c(positions)), tirx.floormod(j, c(positions))
+        oh, ow = tirx.floordiv(pos, c(out_w)), tirx.floormod(pos, c(out_w))
+        ci = tirx.floordiv(k, c(kh * kw))
+        r = tirx.floormod(tirx.floordiv(k, c(kw)), c(kh))
+        s = tirx.floormod(k, c(kw))
+        ih = oh * c(sh) + r * c(dh) - c(top)
+        iw = ow * c(sw) + s * c(dw) - c(left)
+        conds = [j < c(n)] if n % nr else []
+        if any(padding):
+            conds += [ih >= c(0), ih < c(height), iw >= c(0), iw < c(width)]
+        load = x[b, ci, ih, iw]
+        if not conds:
+            return load
+        return tirx.if_then_else(tirx.all(*conds), load, tirx.const(0, x.dtype))
+
+    panels = te.compute((c(-(-n // nr)), c(k_total), c(nr)), im2col, name="conv2d_im2col")
+    k = te.reduce_axis((0, c(k_total)), name="k")
+    gemm = te.compute(
+        (c(out_channels), c(n)),
+        lambda co, j: te.sum(w[co, k] * panels[tirx.floordiv(j, c(nr)), k,
+                                               tirx.floormod(j, c(nr))], axis=k),
+        name=PACKED_GEMM)
+    return te.compute((c(batch), c(out_channels), c(out_h), c(out_w)),
+                      lambda b, co, oh, ow: gemm[co, b * c(positions) + oh * c(out_w) + ow],
+                      name="conv2d_nchw_store")
+
+
 def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
     """``B[K, N]`` (or ``W[N, K]`` when ``transposed``) as ``Bp[⌈N/NR⌉, K, NR]``, zeros past
     column N."""
@@ -71,9 +137,10 @@ def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
 
 @relax.expr_functor.mutator
 class _Packer(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, params: CpuParams):
+    def __init__(self, mod: tvm.IRModule, params: CpuParams, convs: bool):
         super().__init__(mod)
         self.params = params
+        self.convs = convs
         self.packed = 0
 
     def _constant_weight(self, expr) -> tuple[relax.Expr | None, bool]:
@@ -99,8 +166,54 @@ class _Packer(relax.PyExprMutator):
             return None, False
         return expr, transposed
 
+    def _constant(self, expr) -> GenericConst | None:
+        if isinstance(expr, tvm.ir.Var):
+            bound = self.lookup_binding(expr)
+            expr = expr if bound is None else bound
+        return expr if isinstance(expr, GenericConst) else None
+
+    def _conv(self, call: relax.Call) -> relax.Expr:
+        """A dense NCHW conv with a constant weight as the packed GEMM, else ``call``."""
+        attrs = call.attrs
+        x, w = call.args
+        weight = self._constant(w)
+        if (weight is None or int(attrs.groups) != 1 or str(attrs.data_layout) != "NCHW"
+                or str(attrs.kernel_layout) != "OIHW" or str(attrs.out_layout) != "NCHW"
+                or str(attrs.out_dtype) not in ("", "void", "None", "float32")
+                or str(getattr(x.ty, "dtype", "")) != "float32"
+                or str(weight.ty.dtype) != "float32"):
+            return call
+        shape = getattr(x.ty, "shape", None)
+        if shape is None or len(shape) != 4 or not all(isinstance(d, tirx.IntImm)
+                                                      for d in shape):
+            return call  # a symbolic dim: the direct conv's schedule takes it
+        w_np = weight.value.numpy()
+        n, channels, kh, kw = w_np.shape
+        if channels != int(shape[1]) or 0 in w_np.shape:
+            return call
+        padding = [int(p) for p in attrs.padding]
+        if len(padding) == 2:
+            padding = padding * 2
+        strides = tuple(int(s) for s in attrs.strides)
+        dilation = tuple(int(d) for d in attrs.dilation)
+        out_h = (int(shape[2]) + padding[0] + padding[2] - dilation[0] * (kh - 1) - 1) \
+            // strides[0] + 1
+        out_w = (int(shape[3]) + padding[1] + padding[3] - dilation[1] * (kw - 1) - 1) \
+            // strides[1] + 1
+        columns = int(shape[0]) * out_h * out_w
+        if columns <= 0:
+            return call
+        nr = panel_width(columns, self.params)
+        w2 = relax.const(np.ascontiguousarray(w_np.reshape(n, channels * kh * kw)))
+        self.packed += 1
+        return self.builder_.call_te(conv2d_gemm, x, w2, nr, (kh, kw), strides,
+                                     tuple(padding), dilation,
+                                     primfunc_name_hint="conv2d_gemm")
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
         call = self.visit_expr_post_order(call)
+        if getattr(call.op, "name", "") == "relax.nn.conv2d" and self.convs:
+            return self._conv(call)
         if getattr(call.op, "name", "") != "relax.matmul" or len(call.args) != 2:
             return call
         x, b = call.args
@@ -126,15 +239,17 @@ class _Packer(relax.PyExprMutator):
         return self.builder_.call_te(packed_matmul, x, bp, n, primfunc_name_hint=PACKED_GEMM)
 
 
-def PackMatmulWeights(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N802 (a pass)
+def PackMatmulWeights(target: tvm.target.Target,  # noqa: N802 (a pass)
+                      convs: bool = True) -> tvm.transform.Pass:
     """Pack constant matmul weights into GEMM panels on ``llvm`` targets (other targets are
-    left alone): one packed constant per weight."""
+    left alone): one packed constant per weight. With ``convs``, dense NCHW convs with a
+    constant weight become the packed GEMM too (:func:`conv2d_gemm`)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.PackMatmulWeights")
     def _pack(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if target.kind.name != "llvm":
             return mod
-        packer = _Packer(mod, cpu_params(target))
+        packer = _Packer(mod, cpu_params(target), convs)
         changed = False
         for gvar, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
@@ -151,5 +266,5 @@ def PackMatmulWeights(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa:
     return _pack
 
 
-__all__ = ["PACKED_GEMM", "PackMatmulWeights", "pack_weight", "packed_matmul",
+__all__ = ["PACKED_GEMM", "PackMatmulWeights", "conv2d_gemm", "pack_weight", "packed_matmul",
            "panel_width"]

@@ -37,6 +37,8 @@ direct conv (its schedule handles symbolic maps).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import tvm
 from tvm import relax, te, tirx
@@ -73,54 +75,116 @@ def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int) -> te.Tensor:
     return te.compute((*x.shape[:-1], tirx.const(n, "int64")), value, name=PACKED_GEMM)
 
 
-def conv2d_gemm(x: te.Tensor, w: te.Tensor, nr: int, kernel: tuple[int, int],
-                strides: tuple[int, int], padding: tuple[int, int, int, int],
-                dilation: tuple[int, int]) -> te.Tensor:
+@dataclass(frozen=True)
+class ConvGemm:
+    """How a conv maps onto the GEMM: its sizes, the panel width ``nr`` and whether the
+    columns are the flat output positions (a 1×1 stride-1 conv without padding: the input
+    itself, row after row) or output rows padded to whole panels (``row`` columns each)."""
+
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    padding: tuple[int, int, int, int]  # top, left, bottom, right
+    dilation: tuple[int, int]
+    out_h: int
+    out_w: int
+    nr: int
+    flat: bool
+
+    @property
+    def row(self) -> int:
+        """Columns per output row: the row padded to whole panels (flat: the row itself)."""
+        return self.out_w if self.flat else -(-self.out_w // self.nr) * self.nr
+
+
+def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int, int],
+                   padding: tuple[int, int, int, int], dilation: tuple[int, int],
+                   params: CpuParams) -> ConvGemm | None:
+    """The GEMM form of an NCHW conv over an input of ``shape``, or None (an empty output).
+
+    Panels of a padded row hold whole output rows, so that packing a panel reads one input row
+    at consecutive (or strided) columns, with no division per element; the panel width trades
+    the padding of the last panel of a row against the micro-kernel's efficiency (its FMAs per
+    loaded value, from the target's tile for that width)."""
+    _, _, height, width = shape
+    kh, kw = kernel
+    top, left, bottom, right = padding
+    out_h = (height + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    out_w = (width + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    if out_h <= 0 or out_w <= 0 or 0 in shape:
+        return None
+    flat = (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding)
+    if flat:
+        nr = panel_width(shape[0] * out_h * out_w, params)
+    else:
+        _, widest = params.gemm_tile()
+
+        def cost(nr: int) -> float:
+            mr, _ = params.gemm_tile(nr)
+            vectors = nr // params.lanes
+            fmas = mr * vectors
+            return -(-out_w // nr) * nr * (fmas + mr + vectors) / fmas
+        nr = min(range(params.lanes, widest + 1, params.lanes), key=lambda w: (cost(w), -w))
+    return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat)
+
+
+def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
     """NCHW ``conv2d(x, W)`` as the packed GEMM (module docstring): ``w`` is ``W[N, C·kh·kw]``
-    (the A operand), ``nr`` the panel width of the im2col matrix packed per call, ``padding``
-    (top, left, bottom, right). ``x``'s shape must be static."""
+    (the A operand); ``x``'s shape must be static."""
     batch, channels, height, width = (int(d) for d in x.shape)
     out_channels = int(w.shape[0])
-    kh, kw = kernel
-    sh, sw = strides
-    dh, dw = dilation
-    top, left, bottom, right = padding
-    out_h = (height + top + bottom - dh * (kh - 1) - 1) // sh + 1
-    out_w = (width + left + right - dw * (kw - 1) - 1) // sw + 1
-    positions = out_h * out_w
-    n = batch * positions  # the GEMM's columns: every output position of every image
+    (kh, kw), (sh, sw), (dh, dw) = plan.kernel, plan.strides, plan.dilation
+    top, left, bottom, right = plan.padding
+    nr, row, out_h, out_w = plan.nr, plan.row, plan.out_h, plan.out_w
+    columns = batch * out_h * row
     k_total = channels * kh * kw
-    dtype = "int64"
 
     def c(v):
-        return tirx.const(v, dtype)
+        return tirx.const(v, "int64")
 
-    def im2col(pj, k, lane):
-        j = pj * c(nr) + lane
-        b, pos = tirx.floordiv(j, c(positions)), tirx.floormod(j, c(positions))
-        oh, ow = tirx.floordiv(pos, c(out_w)), tirx.floormod(pos, c(out_w))
-        ci = tirx.floordiv(k, c(kh * kw))
-        r = tirx.floormod(tirx.floordiv(k, c(kw)), c(kh))
-        s = tirx.floormod(k, c(kw))
-        ih = oh * c(sh) + r * c(dh) - c(top)
-        iw = ow * c(sw) + s * c(dw) - c(left)
-        conds = [j < c(n)] if n % nr else []
-        if any(padding):
-            conds += [ih >= c(0), ih < c(height), iw >= c(0), iw < c(width)]
-        load = x[b, ci, ih, iw]
-        if not conds:
-            return load
-        return tirx.if_then_else(tirx.all(*conds), load, tirx.const(0, x.dtype))
+    def window(k):
+        return (tirx.floordiv(k, c(kh * kw)), tirx.floormod(tirx.floordiv(k, c(kw)), c(kh)),
+                tirx.floormod(k, c(kw)))
 
-    panels = te.compute((c(-(-n // nr)), c(k_total), c(nr)), im2col, name="conv2d_im2col")
+    if plan.flat:
+        positions = out_h * out_w
+
+        def pack(pj, k, lane):
+            j = pj * c(nr) + lane
+            b, pos = tirx.floordiv(j, c(positions)), tirx.floormod(j, c(positions))
+            load = x[b, k, tirx.floordiv(pos, c(width)), tirx.floormod(pos, c(width))]
+            if columns % nr == 0:
+                return load
+            return tirx.if_then_else(j < c(columns), load, tirx.const(0, x.dtype))
+    else:
+        # zero padding, widened on the right so that every column of a padded row reads
+        # inside it (those columns are computed and never stored)
+        pad_w = max(width + left + right, (row - 1) * sw + dw * (kw - 1) + 1)
+        src = x
+        if any(plan.padding) or pad_w > width:
+            src = te.compute(
+                (c(batch), c(channels), c(height + top + bottom), c(pad_w)),
+                lambda b, ci, ih, iw: tirx.if_then_else(
+                    tirx.all(ih >= c(top), ih < c(height + top), iw >= c(left),
+                             iw < c(width + left)),
+                    x[b, ci, ih - c(top), iw - c(left)], tirx.const(0, x.dtype)),
+                name="conv2d_pad")
+        blocks = row // nr
+
+        def pack(pj, k, lane):
+            image_row, block = tirx.floordiv(pj, c(blocks)), tirx.floormod(pj, c(blocks))
+            b, oh = tirx.floordiv(image_row, c(out_h)), tirx.floormod(image_row, c(out_h))
+            ci, r, s = window(k)
+            return src[b, ci, oh * c(sh) + r * c(dh), (block * c(nr) + lane) * c(sw) + s * c(dw)]
+
+    panels = te.compute((c(-(-columns // nr)), c(k_total), c(nr)), pack, name="conv2d_im2col")
     k = te.reduce_axis((0, c(k_total)), name="k")
     gemm = te.compute(
-        (c(out_channels), c(n)),
+        (c(out_channels), c(columns)),
         lambda co, j: te.sum(w[co, k] * panels[tirx.floordiv(j, c(nr)), k,
                                                tirx.floormod(j, c(nr))], axis=k),
         name=PACKED_GEMM)
     return te.compute((c(batch), c(out_channels), c(out_h), c(out_w)),
-                      lambda b, co, oh, ow: gemm[co, b * c(positions) + oh * c(out_w) + ow],
+                      lambda b, co, oh, ow: gemm[co, (b * c(out_h) + oh) * c(row) + ow],
                       name="conv2d_nchw_store")
 
 
@@ -194,21 +258,15 @@ class _Packer(relax.PyExprMutator):
         padding = [int(p) for p in attrs.padding]
         if len(padding) == 2:
             padding = padding * 2
-        strides = tuple(int(s) for s in attrs.strides)
-        dilation = tuple(int(d) for d in attrs.dilation)
-        out_h = (int(shape[2]) + padding[0] + padding[2] - dilation[0] * (kh - 1) - 1) \
-            // strides[0] + 1
-        out_w = (int(shape[3]) + padding[1] + padding[3] - dilation[1] * (kw - 1) - 1) \
-            // strides[1] + 1
-        columns = int(shape[0]) * out_h * out_w
-        if columns <= 0:
+        plan = plan_conv_gemm([int(d) for d in shape], (kh, kw),
+                              tuple(int(s) for s in attrs.strides), tuple(padding),
+                              tuple(int(d) for d in attrs.dilation), self.params)
+        if plan is None:
             return call
-        nr = panel_width(columns, self.params)
         w2 = relax.const(np.ascontiguousarray(w_np.reshape(n, channels * kh * kw)))
         self.packed += 1
-        return self.builder_.call_te(conv2d_gemm, x, w2, nr, (kh, kw), strides,
-                                     tuple(padding), dilation,
-                                     primfunc_name_hint="conv2d_gemm")
+        return self.builder_.call_te(lambda data, weights: conv2d_gemm(data, weights, plan), x,
+                                     w2, primfunc_name_hint="conv2d_gemm")
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
         call = self.visit_expr_post_order(call)
@@ -266,5 +324,5 @@ def PackMatmulWeights(target: tvm.target.Target,  # noqa: N802 (a pass)
     return _pack
 
 
-__all__ = ["PACKED_GEMM", "PackMatmulWeights", "conv2d_gemm", "pack_weight", "packed_matmul",
-           "panel_width"]
+__all__ = ["PACKED_GEMM", "ConvGemm", "PackMatmulWeights", "conv2d_gemm", "pack_weight",
+           "packed_matmul", "panel_width", "plan_conv_gemm"]

@@ -1,0 +1,104 @@
+"""Dense NCHW convs as the packed GEMM (``layout/gemm_pack.py``: the weight as A, the im2col
+matrix packed per call into panels as B): which convs take it, the panel plan, and the same
+numbers as ONNX Runtime on odd channels, strides, dilations, padding and batches."""
+
+import numpy as np
+import pytest
+import tvm
+from conftest import TARGET
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_fusion.compile import compile_model, fuse, import_onnx, run
+from tvm_fusion.layout.gemm_pack import plan_conv_gemm
+from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.tir_schedules.cpu_target import cpu_params
+
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 1})
+NEON = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+
+
+def conv_model(c_in, c_out, size, k, stride=1, pad=0, dilation=1, groups=1, batch=1,
+               pads=None):
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((c_out, c_in // groups, k, k)).astype("float32")
+    bias = rng.standard_normal(c_out).astype("float32")
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=[k, k],
+                            strides=[stride] * 2, pads=pads or [pad] * 4,
+                            dilations=[dilation] * 2, group=groups)
+    relu = helper.make_node("Relu", ["y"], ["z"])
+    graph = helper.make_graph(
+        [node, relu], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c_in, size, size])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _schedule_notes(mod) -> str:
+    return " ".join(str(f.attrs["tvm_fusion.schedule"]) for f in mod.functions.values()
+                    if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None
+                    and "tvm_fusion.schedule" in f.attrs)
+
+
+def _check(model, target, batch=1, **options):
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    shape[0] = shape[0] or batch
+    x = np.random.default_rng(3).standard_normal(shape).astype("float32")
+    got = run(compile_model(import_onnx(model), target, **options), [x])
+    compare(got, onnx_reference(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+CASES = {
+    "1x1": (16, 24, 9, 1),  # flat positions, a tail panel (81 columns)
+    "1x1-stride2": (16, 8, 10, 1, 2),
+    "3x3-pad": (8, 16, 12, 3, 1, 1),
+    "3x3-stride2-odd": (17, 33, 13, 3, 2, 1),
+    "3x3-dilated": (8, 12, 11, 3, 1, 2, 2),
+    "7x7-stride2-3ch": (3, 16, 20, 7, 2, 3),
+    "4x4-stride4": (3, 8, 16, 4, 4),
+    "odd-7x7-map": (5, 7, 7, 3, 1, 1),
+}
+
+
+@pytest.mark.parametrize("target", [TARGET, AVX2], ids=["llvm", "avx2"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_conv_as_packed_gemm_matches_onnxruntime(name, target):
+    model = conv_model(*CASES[name])
+    notes = _schedule_notes(fuse(import_onnx(model), target))
+    assert "packed GEMM" in notes, notes
+    _check(model, target)
+
+
+def test_batch_and_asymmetric_padding():
+    model = conv_model(6, 10, 9, 3, 1, batch=3, pads=[0, 1, 2, 1])
+    assert "packed GEMM" in _schedule_notes(fuse(import_onnx(model), AVX2))
+    _check(model, AVX2)
+
+
+def test_grouped_and_symbolic_convs_keep_the_direct_conv():
+    grouped = conv_model(8, 8, 10, 3, 1, 1, groups=8)
+    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(grouped), AVX2))
+    _check(grouped, AVX2)
+    symbolic = conv_model(8, 16, 10, 3, 1, 1)
+    symbolic.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(symbolic), AVX2))
+    _check(symbolic, AVX2, batch=2)
+
+
+def test_gemm_route_off_for_packed_nchwc():
+    model = conv_model(16, 16, 8, 3, 1, 1)
+    notes = _schedule_notes(fuse(import_onnx(model), AVX2, conv_layout="NCHWc"))
+    assert "packed GEMM" not in notes, notes
+
+
+@pytest.mark.parametrize("target", [AVX2, NEON], ids=["avx2", "neon"])
+@pytest.mark.parametrize("out_w", [7, 14, 28, 31, 56, 112])
+def test_panels_hold_whole_output_rows(target, out_w):
+    params = cpu_params(target)
+    plan = plan_conv_gemm([1, 8, out_w, out_w], (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), params)
+    assert plan.nr % params.lanes == 0 and plan.row % plan.nr == 0
+    assert plan.row - out_w < plan.nr  # at most one partly used panel per row
+    flat = plan_conv_gemm([2, 8, out_w, out_w], (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), params)
+    assert flat.flat and flat.row == out_w

@@ -87,10 +87,25 @@ def test_grouped_and_symbolic_convs_keep_the_direct_conv():
     _check(symbolic, AVX2, batch=2)
 
 
-def test_gemm_route_off_for_packed_nchwc():
+@pytest.mark.parametrize("layout", ["NCHWc", "NCHW"])
+def test_gemm_route_only_under_auto(layout):
     model = conv_model(16, 16, 8, 3, 1, 1)
-    notes = _schedule_notes(fuse(import_onnx(model), AVX2, conv_layout="NCHWc"))
+    notes = _schedule_notes(fuse(import_onnx(model), AVX2, conv_layout=layout))
     assert "packed GEMM" not in notes, notes
+
+
+def test_gemm_followed_by_a_pool_in_one_kernel():
+    """A conv GEMM and a max pool forced into one kernel: the pool's rule must not move the
+    GEMM's write-back under its loops (the template replaces that nest: the pool was lost)."""
+    from tvm_fusion.models.conv_chains import chain_model
+    model = chain_model(8, 12, [("conv", 8, 3, 1, 1, 1, None), ("maxpool", 3, 2, 1)])
+    forced = {"table3": {("M2M", "M2M"): "green"}}
+    notes = _schedule_notes(fuse(import_onnx(model), TARGET, **forced))
+    assert "packed GEMM" in notes and "pool" in notes, notes
+    x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype("float32")
+    got = run(compile_model(import_onnx(model), TARGET, **forced), [x])
+    compare(got, run(compile_model(import_onnx(model), TARGET, conv_layout="NCHW"), [x]),
+            rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("target", [AVX2, NEON], ids=["avx2", "neon"])

@@ -47,6 +47,8 @@ LoadA = Callable[[tvm.ir.Expr, tvm.ir.Expr], tvm.ir.Expr]
 PartialAt = Callable[[tvm.ir.Expr, tvm.ir.Expr], tuple]
 # The final store of C[row, col] = value, with the epilogue applied.
 StoreC = Callable[[tvm.ir.Expr, tvm.ir.Expr, tvm.ir.Expr], tirx.Stmt]
+# The value of the packed B at (panel, k, lane), for a B packed by the nest itself.
+PackB = Callable[[tvm.ir.Expr, tvm.ir.Expr, tvm.ir.Expr], tvm.ir.Expr]
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,10 @@ class Gemm:
     bp: tvm.ir.Var  # the packed B buffer, [⌈n/NR⌉, k, NR]
     partial_at: PartialAt
     store: StoreC
+    # B computed, not a constant (a conv's im2col matrix): each KC × NC block of panels is
+    # packed by the nest just before its micro-kernels read it (MLAS's order), into a
+    # buffer that stays in L2, instead of the whole matrix going through memory first
+    pack_b: PackB | None = None
 
 
 def _i64(value) -> tvm.ir.Expr:
@@ -124,7 +130,8 @@ class _Emitter:
         return _loop("r", rows, lambda r: _loop("c", cols, lambda c: body_of(r, c)),
                      tirx.ForKind.UNROLLED)
 
-    def tile(self, rows: int, row0, panel, cols: int, k0, klen, first, last) -> tirx.Stmt:
+    def tile(self, rows: int, row0, panel, cols: int, k0, klen, first, last,
+             b_at=None) -> tirx.Stmt:
         """One MR'×NR tile of C: rows ``row0``.., panel ``panel`` (``cols`` of its NR columns
         are real), over ``klen`` values of k from ``k0``. ``first``/``last``: whether this is
         the first/last K block (Python bools or runtime conditions)."""
@@ -140,9 +147,9 @@ class _Emitter:
 
             def fma(r, c):
                 cur = tirx.BufferLoad(acc, [r, c])
-                return tirx.BufferStore(
-                    acc, cur + g.load_a(row0 + r, k) * tirx.BufferLoad(g.bp, [panel, k, c]),
-                    [r, c])
+                b = b_at(panel, k, c) if b_at is not None else tirx.BufferLoad(
+                    g.bp, [panel, k, c])
+                return tirx.BufferStore(acc, cur + g.load_a(row0 + r, k) * b, [r, c])
             return self._each(rows, fma)
 
         def total(r, c, add_partial: bool):
@@ -187,7 +194,7 @@ class _Emitter:
         return _seq([body, last if known == 1 else tirx.IfThenElse(odd == _i64(1), last, None)])
 
     # ---------------------------------------------------------------- the nests
-    def row_tails(self, kv, panel, cols: int, base, count) -> list:
+    def row_tails(self, kv, panel, cols: int, base, count, b_at=None) -> list:
         """Tiles for the last ``count mod MR`` rows of ``base``..``base + count``: one tile of
         2^i rows per bit of that tail (1 + 2 for 3 rows), each under a runtime test when
         ``count`` is symbolic."""
@@ -202,7 +209,7 @@ class _Emitter:
             if size >= mr or (known is not None and not (known // size) % 2):
                 continue
             before = tail - tirx.floormod(tail, _i64(2 * size))  # the rows of larger bits
-            stmt = self.tile(size, _simplify(start + before), panel, cols, *kv)
+            stmt = self.tile(size, _simplify(start + before), panel, cols, *kv, b_at=b_at)
             if known is None:
                 has = tirx.floormod(tirx.floordiv(tail, _i64(size)), _i64(2)) == _i64(1)
                 stmt = tirx.IfThenElse(has, stmt, None)
@@ -218,20 +225,47 @@ class _Emitter:
         klen = _i64(self.kc) if whole else tirx.min(_i64(self.kc), _i64(self.g.k) - k0)
         return (k0, klen, kc == _i64(0), kc == _i64(self.k_blocks) - _i64(1))
 
-    def panel_block(self, panels_from, panels_count, cols: int, base, count) -> tirx.Stmt:
+    def panel_block(self, panels_from, panels_count, cols: int, base, count,
+                    most_panels: int = 1) -> tirx.Stmt:
         """MLAS order over a block of full panels (or the one tail panel, ``cols`` < NR) for
         rows ``base``..``base + count``: kc → ir → jr, then the M tail's tiles per panel."""
-        mr = self.b.mr
+        mr, nr = self.b.mr, self.b.nr
+        packed, b_at = None, None
+        if self.g.pack_b is not None:
+            most = const_int(panels_count) or most_panels
+            depth = self.kc if isinstance(self.kc, int) else self.g.k
+            # flat: TVM 0.27's region bound estimate divided by zero on the 3-D form
+            packed = tirx.decl_buffer((most * depth * nr,), _F32, "b_block")
 
         def over_k(kc):
+            nonlocal b_at
             kv = self.k_block(kc)
+            k0, klen = kv[0], kv[1]
+            pack = None
+            if packed is not None:
+                def at(jr, kk, c):
+                    return (jr * _i64(depth) + kk) * _i64(nr) + c
+
+                def b_at(panel, k, c):
+                    return tirx.BufferLoad(packed, [at(panel - panels_from, k - k0, c)])
+                def pack_panel(jr):
+                    body = _loop("kk", klen, lambda kk: _loop(
+                        "lane", nr, lambda lane: tirx.BufferStore(
+                            packed, self.g.pack_b(panels_from + jr, k0 + kk, lane),
+                            [at(jr, kk, lane)]), tirx.ForKind.VECTORIZED))
+                    if const_int(panels_count) is not None:
+                        return body
+                    return tirx.IfThenElse(jr < panels_count, body, None)
+                # a constant trip count: with the last N block's min() as the extent, TVM
+                # 0.27's CompactBufferAllocation divided by zero bounding the input's region
+                pack = _loop("jr", const_int(panels_count) or most, pack_panel)
             tiles = _simplify(tirx.floordiv(count, _i64(mr)))
-            nests = [_loop("ir", tiles, lambda ir: _loop("jr", panels_count, lambda jr: self.tile(
-                mr, base + ir * mr, panels_from + jr, cols, *kv)))]
+            nests = [pack, _loop("ir", tiles, lambda ir: _loop("jr", panels_count, lambda jr: (
+                self.tile(mr, base + ir * mr, panels_from + jr, cols, *kv, b_at=b_at))))]
             if self.row_tails(kv, panels_from, cols, base, count):
                 nests.append(_loop("jr", panels_count, lambda jr: _seq(
-                    self.row_tails(kv, panels_from + jr, cols, base, count))))
-            return _seq(nests)
+                    self.row_tails(kv, panels_from + jr, cols, base, count, b_at=b_at))))
+            return _seq(nests) if packed is None else _seq([tirx.AllocBuffer(packed), *nests])
 
         if isinstance(self.k_blocks, int) and self.k_blocks == 1:
             return over_k(None)
@@ -253,7 +287,8 @@ class _Emitter:
                 even = isinstance(per, int) and full_panels % per == 0
                 size = _i64(per) if even else \
                     tirx.min(_i64(per), _i64(full_panels) - jc * _i64(per))
-                return self.panel_block(jc * _i64(per), size, self.b.nr, base, count)
+                return self.panel_block(jc * _i64(per), size, self.b.nr, base, count,
+                                        per if isinstance(per, int) else full_panels)
             nests.append(_loop("jc", blocks, jc_block, kind))
         if tail_cols:
             nests.append(self.panel_block(_i64(full_panels), _i64(1), tail_cols, base, count))

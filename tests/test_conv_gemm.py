@@ -59,6 +59,8 @@ CASES = {
     "7x7-stride2-3ch": (3, 16, 20, 7, 2, 3),
     "4x4-stride4": (3, 8, 16, 4, 4),
     "odd-7x7-map": (5, 7, 7, 3, 1, 1),
+    "positions-as-rows": (16, 40, 5, 3, 1, 1),  # 25 positions < 40 channels
+    "positions-as-rows-1x1-odd": (17, 33, 5, 1),
 }
 
 
@@ -117,3 +119,6 @@ def test_panels_hold_whole_output_rows(target, out_w):
     assert plan.row - out_w < plan.nr  # at most one partly used panel per row
     flat = plan_conv_gemm([2, 8, out_w, out_w], (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), params)
     assert flat.flat and flat.row == out_w
+    wide = plan_conv_gemm([1, 8, out_w, out_w], (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), params,
+                          out_channels=out_w * out_w + 1)
+    assert wide.positions_as_rows

@@ -89,6 +89,11 @@ class ConvGemm:
     out_w: int
     nr: int
     flat: bool
+    # the output positions are the GEMM's rows and the weight, packed at compile time, is B:
+    # for maps with fewer positions than output channels (7×7 with 512 channels), whose
+    # position panels would be few and narrow
+    positions_as_rows: bool = False
+    out_channels: int = 0
 
     @property
     def row(self) -> int:
@@ -98,7 +103,7 @@ class ConvGemm:
 
 def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int, int],
                    padding: tuple[int, int, int, int], dilation: tuple[int, int],
-                   params: CpuParams) -> ConvGemm | None:
+                   params: CpuParams, out_channels: int = 0) -> ConvGemm | None:
     """The GEMM form of an NCHW conv over an input of ``shape``, or None (an empty output).
 
     Panels of a padded row hold whole output rows, so that packing a panel reads one input row
@@ -113,6 +118,10 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
     if out_h <= 0 or out_w <= 0 or 0 in shape:
         return None
     flat = (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding)
+    if shape[0] * out_h * out_w < out_channels:
+        nr = panel_width(out_channels, params)
+        return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, False, True,
+                        out_channels)
     if flat:
         nr = panel_width(shape[0] * out_h * out_w, params)
     else:
@@ -130,6 +139,8 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
 def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
     """NCHW ``conv2d(x, W)`` as the packed GEMM (module docstring): ``w`` is ``W[N, C·kh·kw]``
     (the A operand); ``x``'s shape must be static."""
+    if plan.positions_as_rows:
+        return _conv2d_gemm_by_positions(x, w, plan)
     batch, channels, height, width = (int(d) for d in x.shape)
     out_channels = int(w.shape[0])
     (kh, kw), (sh, sw), (dh, dw) = plan.kernel, plan.strides, plan.dilation
@@ -186,6 +197,39 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
     return te.compute((c(batch), c(out_channels), c(out_h), c(out_w)),
                       lambda b, co, oh, ow: gemm[co, (b * c(out_h) + oh) * c(row) + ow],
                       name="conv2d_nchw_store")
+
+
+def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm) -> te.Tensor:
+    """The conv with the output positions as rows: ``C[b, oh, ow, co] = Σ_k A · Bp`` where A
+    reads the input through the window (copied once, row-major, by the GEMM nest) and ``bp``
+    is ``W[N, K]`` packed as a transposed weight; the NCHW store is folded into the write-back."""
+    batch, _, height, width = (int(d) for d in x.shape)
+    (kh, kw), (sh, sw), (dh, dw) = plan.kernel, plan.strides, plan.dilation
+    top, left, _, _ = plan.padding
+    nr = int(bp.shape[2])
+    n = int(plan.out_channels)
+    k_total = int(bp.shape[1])
+
+    def c(v):
+        return tirx.const(v, "int64")
+
+    k = te.reduce_axis((0, c(k_total)), name="k")
+
+    def value(b, oh, ow, j):
+        ci = tirx.floordiv(k, c(kh * kw))
+        r = tirx.floormod(tirx.floordiv(k, c(kw)), c(kh))
+        s = tirx.floormod(k, c(kw))
+        ih = oh * c(sh) + r * c(dh) - c(top)
+        iw = ow * c(sw) + s * c(dw) - c(left)
+        load = x[b, ci, ih, iw]
+        if any(plan.padding):
+            load = tirx.if_then_else(tirx.all(ih >= c(0), ih < c(height), iw >= c(0),
+                                              iw < c(width)), load, tirx.const(0, x.dtype))
+        return te.sum(load * bp[tirx.floordiv(j, c(nr)), k, tirx.floormod(j, c(nr))], axis=k)
+
+    gemm = te.compute((c(batch), c(plan.out_h), c(plan.out_w), c(n)), value, name=PACKED_GEMM)
+    return te.compute((c(batch), c(n), c(plan.out_h), c(plan.out_w)),
+                      lambda b, j, oh, ow: gemm[b, oh, ow, j], name="conv2d_nchw_store")
 
 
 def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
@@ -260,10 +304,11 @@ class _Packer(relax.PyExprMutator):
             padding = padding * 2
         plan = plan_conv_gemm([int(d) for d in shape], (kh, kw),
                               tuple(int(s) for s in attrs.strides), tuple(padding),
-                              tuple(int(d) for d in attrs.dilation), self.params)
+                              tuple(int(d) for d in attrs.dilation), self.params, n)
         if plan is None:
             return call
-        w2 = relax.const(np.ascontiguousarray(w_np.reshape(n, channels * kh * kw)))
+        w2 = np.ascontiguousarray(w_np.reshape(n, channels * kh * kw))
+        w2 = relax.const(pack_weight(w2, plan.nr, True) if plan.positions_as_rows else w2)
         self.packed += 1
         return self.builder_.call_te(lambda data, weights: conv2d_gemm(data, weights, plan), x,
                                      w2, primfunc_name_hint="conv2d_gemm")

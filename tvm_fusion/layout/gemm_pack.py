@@ -170,22 +170,36 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
         # zero padding, widened on the right so that every column of a padded row reads
         # inside it (those columns are computed and never stored)
         pad_w = max(width + left + right, (row - 1) * sw + dw * (kw - 1) + 1)
+        # a stride sw > 1: the padded input is written as sw column phases, column iw at
+        # (iw % sw, iw // sw), so that a panel reads consecutive columns of one phase
+        # instead of gathering every sw-th element
+        phase_w = -(-pad_w // sw)
+
+        def padded(b, ci, ih, iw):
+            inside = [ih >= c(top), ih < c(height + top), iw >= c(left), iw < c(width + left)]
+            return tirx.if_then_else(tirx.all(*inside), x[b, ci, ih - c(top), iw - c(left)],
+                                     tirx.const(0, x.dtype))
+
         src = x
-        if any(plan.padding) or pad_w > width:
+        if sw > 1:
             src = te.compute(
-                (c(batch), c(channels), c(height + top + bottom), c(pad_w)),
-                lambda b, ci, ih, iw: tirx.if_then_else(
-                    tirx.all(ih >= c(top), ih < c(height + top), iw >= c(left),
-                             iw < c(width + left)),
-                    x[b, ci, ih - c(top), iw - c(left)], tirx.const(0, x.dtype)),
-                name="conv2d_pad")
+                (c(batch), c(channels), c(height + top + bottom), c(sw), c(phase_w)),
+                lambda b, ci, ih, ph, q: padded(b, ci, ih, q * c(sw) + ph), name="conv2d_pad")
+        elif any(plan.padding) or pad_w > width:
+            src = te.compute((c(batch), c(channels), c(height + top + bottom), c(pad_w)),
+                             padded, name="conv2d_pad")
         blocks = row // nr
 
         def pack(pj, k, lane):
             image_row, block = tirx.floordiv(pj, c(blocks)), tirx.floormod(pj, c(blocks))
             b, oh = tirx.floordiv(image_row, c(out_h)), tirx.floormod(image_row, c(out_h))
             ci, r, s = window(k)
-            return src[b, ci, oh * c(sh) + r * c(dh), (block * c(nr) + lane) * c(sw) + s * c(dw)]
+            ih = oh * c(sh) + r * c(dh)
+            if sw > 1:  # column (block·NR + lane)·sw + s·dw: phase s·dw % sw
+                offset = s * c(dw)
+                return src[b, ci, ih, tirx.floormod(offset, c(sw)),
+                           block * c(nr) + lane + tirx.floordiv(offset, c(sw))]
+            return src[b, ci, ih, (block * c(nr) + lane) + s * c(dw)]
 
     panels = te.compute((c(-(-columns // nr)), c(k_total), c(nr)), pack, name="conv2d_im2col")
     k = te.reduce_axis((0, c(k_total)), name="k")

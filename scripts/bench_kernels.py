@@ -4,6 +4,7 @@ ONNX Runtime's single-operator model, in one process, calls alternating, one thr
     taskset -c 1 python scripts/bench_kernels.py [--quick] [--out out/kernels]
         [--peak-gflops 99.3] [--bandwidth 19.7] [--target '{"kind":"llvm","mcpu":"znver3"}']
         [--seconds 2] [--only 197x768x3072,1x768x50257,64x50257x768]
+        [--families matmul,conv] [--stock] [--clock cpu]
 
 MatMul ``[M, K] × W[K, N]`` (W an initializer: packed at compile time by both runtimes) over
 M ∈ {1, 8, 32, 128, 197, 512, 2048} × (K, N) ∈ square, tall, wide, vocabulary-sized and odd

@@ -257,9 +257,8 @@ def _packing_stage(match: PackedGemm | None, stmts: list) -> SBlock | None:
                     return None
                 found = block
             elif any(r.source.same_as(match.bp) for r in block.reads) \
-                    and block.name_hint != match.acc.name:
-                if not _reads(block.body, match.acc) and not _packed_reader(block, match):
-                    return None
+                    and not _packed_reader(block, match):
+                return None  # another reader: the panels must stay a buffer
     if found is None or not isinstance(found.body, tirx.BufferStore) or found.init is not None:
         return None
     names = [getattr(ix, "name", None) for ix in found.body.indices]

@@ -221,7 +221,8 @@ class SmartMem(_Group):
         "choice", "auto", choices=CONV_LAYOUTS,
         doc="How dense convs run on `llvm` targets. `auto`: a conv with a constant weight and "
             "static shapes runs as the packed GEMM (im2col panels, "
-            "tvm_fusion/layout/gemm_pack.py; every strategy, with `pack_weights`), the others "
+            "tvm_fusion/layout/gemm_pack.py; with `pack_weights`, every strategy but Apollo's, "
+            "which plans the graph as imported), the others "
             "are packed to `NCHW{lanes}c` (DNNFusion §6; TVM's `ConvertLayout`, TOPI "
             "`conv2d_NCHWc`) unless the model has grouped/depthwise convs (a layout change on "
             "every dense/grouped edge) or `conv_chains` is on; `NCHWc` packs every dense conv; "

@@ -51,6 +51,7 @@ from tvm_fusion.compile import (  # noqa: E402
     load_model,
 )
 from tvm_fusion.frontend import ALL_FX_REPAIRS, ALL_REPAIRS, ImportReport, TorchProgram  # noqa: E402
+from tvm_fusion.instrument import Collector  # noqa: E402
 from tvm_fusion.native_log import EVERYTHING, filtered_stderr  # noqa: E402
 from tvm_fusion.target import host_target  # noqa: E402
 
@@ -171,7 +172,13 @@ def run_case(spec, exporter: str, out: Path, args) -> dict:
 
     with filtered_stderr():
         entry["kernels_stock_fuseops"] = count_kernels(fuse(mod, target, strategy="tvm"))
-        entry["kernels_tvm_fusion"] = count_kernels(fuse(mod, target))
+        collector = Collector()
+        with tvm.transform.PassContext(instruments=[collector]):
+            entry["kernels_tvm_fusion"] = count_kernels(fuse(mod, target))
+        decisions = [d for p in collector.plans[:1] for plan in p.plans.values()
+                     for d in getattr(plan, "attention", [])]
+        entry["attention_fused"] = sum(d.chosen for d in decisions)
+        entry["attention_candidates"] = len(decisions)
 
     if not args.no_timing:
         sizes = _sizes(spec)[-1]
@@ -202,7 +209,7 @@ def run_case(spec, exporter: str, out: Path, args) -> dict:
 def to_markdown(entries: list[dict]) -> str:
     lines = ["| model | exporter | repairs applied | needed (left out: what breaks) | "
              "kernels stock -> tvm_fusion | max err vs PyTorch (tvm_fusion / stock) | "
-             "symbolic / static |", "|" + "---|" * 7]
+             "attention blocks | symbolic / static |", "|" + "---|" * 8]
     for e in entries:
         if "error" in e:
             lines.append(f"| {e['model']} | {e['exporter']} | {e['error']} |||||")
@@ -212,9 +219,10 @@ def to_markdown(entries: list[dict]) -> str:
         errs = " ; ".join(f"{c['tvm_fusion_vs_pytorch']:.1e} / {c['stock_vs_pytorch']:.1e}"
                           for c in e["checks"])
         ratio = e.get("symbolic_over_static", "—")
+        attention = f"{e.get('attention_fused', '?')} of {e.get('attention_candidates', '?')}"
         lines.append(f"| {e['model']} | {e['exporter']} | {applied} | {needed or 'none'} | "
                      f"{e['kernels_stock_fuseops']} -> {e['kernels_tvm_fusion']} | {errs} | "
-                     f"{ratio} |")
+                     f"{attention} | {ratio} |")
     return "\n".join(lines)
 
 

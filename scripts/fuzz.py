@@ -63,6 +63,9 @@ def main(argv=None) -> int:
     p.add_argument("--qdq-share", type=_share, default=0.3,
                    help="share of cases with QDQ int8 Conv/MatMul/Gemm (0.3)")
     p.add_argument("--max-nodes", type=int, default=12, help="nodes per graph at most (12)")
+    p.add_argument("--memory", action="store_true",
+                   help="also fail a case whose planned activation memory (default tvm_fusion "
+                        "build) exceeds stock FuseOps' (class 'memory'; issue 20)")
     p.add_argument("--no-minimise", action="store_true", help="keep failures as generated")
     p.add_argument("--minimise-budget", type=float, default=120.0,
                    help="seconds of minimisation per failure (120)")
@@ -90,14 +93,15 @@ def main(argv=None) -> int:
     store = Store(args.out)
     bar = tqdm(total=len(args.seeds), unit="graph", initial=len(
         store.done_seeds() & set(args.seeds)))
-    tally = {c: 0 for c in ("ok", "wrong", "crash", "timeout", "skipped")}
+    tally = {c: 0 for c in ("ok", "wrong", "crash", "timeout", "skipped", "memory")}
 
     def on_case(rec):
         tally[rec["class"]] += 1
         bar.set_postfix(tally, refresh=False)
         bar.update(1)
 
-    with Worker(args.timeout, os.path.join(args.out, "worker.log")) as worker:
+    checker = "tvm_fusion.fuzz.differential:check_case" + ("_memory" if args.memory else "")
+    with Worker(args.timeout, os.path.join(args.out, "worker.log"), checker) as worker:
         fuzz(args.seeds, store, worker, target=args.target, special_share=args.special_share,
              option_share=args.option_share, symbolic_share=args.symbolic_share,
              fp16_share=args.fp16_share, qdq_share=args.qdq_share,

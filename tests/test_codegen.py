@@ -74,6 +74,8 @@ def test_builtin_models_unchanged_by_scheduling(name, strategy):
     assert not any(FALLBACK_ATTR in f.attrs for _, f in _primfuncs(mod))
 
 
+@pytest.mark.slow  # ~25 s; .ci/run runs it after the default run (the fuzzer's
+# short run covers random graphs in the default run)
 @settings(max_examples=15, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(model=random_dag_models())

@@ -6,11 +6,10 @@ AArch64."""
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 import tvm
+from asm_inspect import AARCH64, AVX512, ZEN3, assembly, fma_loops
 from conftest import TARGET
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
@@ -21,11 +20,6 @@ from tvm_fusion.compile import compile_model, fuse, import_onnx, run
 from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.tir_schedules.cpu_target import CpuParams, cpu_params
 from tvm_fusion.tir_schedules.fused_block import FALLBACK_ATTR, SCHEDULE_ATTR, schedule_primfunc
-
-ZEN3 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 1})
-AVX512 = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 1})
-AARCH64 = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu",
-                             "mattr": ["+neon"], "num-cores": 1})
 
 
 def _vi(name, shape):
@@ -322,36 +316,6 @@ def test_tile_and_blocks_come_from_the_target():
 
 # ------------------------------------------------------------------------------ the code
 
-def _fma_loops(asm: str) -> list[tuple[int, int, int]]:
-    """(lines, FMAs, vector stack accesses) of every innermost loop (a backward branch whose
-    body holds no other loop) that does FMAs: a spilled accumulator or B vector is moved
-    between a vector register and the stack (a reloaded pointer is a scalar register)."""
-    lines = asm.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines)
-              if (m := re.match(r"^(\.?L\w+):", line))}
-    loops = []
-    for i, line in enumerate(lines):
-        m = re.match(r"\s+(?:j\w+|b\.\w+|b|cbnz|cbz)\s+(?:\w+,\s*)*(\.?L\w+)\s*$", line)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            loops.append((labels[m.group(1)], i))
-    out = []
-    for start, end in loops:
-        if any(s > start and e < end for s, e in loops):
-            continue  # not innermost
-        body = lines[start:end + 1]
-        fma = sum(bool(re.search(r"vfmadd|\bfmla\b", x)) for x in body)
-        stack = sum(bool(re.search(r"%[xyz]mm\d+.*\(%rsp\)|\(%rsp\).*%[xyz]mm\d+", x)
-                         or re.search(r"\b[qv]\d+\b.*\[sp\b", x)) for x in body)
-        if fma:
-            out.append((len(body), fma, stack))
-    return out
-
-
-def _asm(model, target) -> str:
-    executable = compile_model(import_onnx(model), target)
-    return "\n".join(m.inspect_source("asm") for m in executable.mod.imports)
-
-
 @pytest.mark.parametrize("target", [ZEN3, AVX512, AARCH64], ids=["avx2", "avx512", "aarch64"])
 def test_micro_kernel_keeps_its_accumulators_in_registers(target):
     """Compile only (the AVX-512 and AArch64 code cannot run here): the main tile's k loop
@@ -364,7 +328,7 @@ def test_micro_kernel_keeps_its_accumulators_in_registers(target):
     mr, nr = params.gemm_tile()
     fma_per_pair = 2 * mr * nr // params.lanes
     for m, k in ((3 * mr, 300), (5 * mr, 1000)):
-        loops = _fma_loops(_asm(_matmul(m, k, 4 * nr), target))
+        loops = fma_loops(assembly(_matmul(m, k, 4 * nr), target))
         main = [loop for loop in loops if loop[1] == fma_per_pair]
         assert main, loops
         assert all(stack == 0 for _, _, stack in main), (m, k, main)

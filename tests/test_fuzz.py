@@ -9,6 +9,7 @@ or timed out.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import textwrap
 
@@ -17,8 +18,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_fusion.fuzz import Case, draw_case
-from tvm_fusion.fuzz.differential import Outcome, mismatch
+from tvm_fusion.fuzz import Case, differential, draw_case
+from tvm_fusion.fuzz.differential import Outcome, check_case_memory, mismatch
 from tvm_fusion.fuzz.feeds import SPECIAL_VALUES, make_feeds
 from tvm_fusion.fuzz.minimise import minimise
 from tvm_fusion.fuzz.run import fuzz, summarise
@@ -128,6 +129,28 @@ def test_generator_draws_qdq_and_fp16_cases():
     assert all(count >= 3 for count in kinds.values()), kinds
 
 
+def test_generator_draws_weight_only_quantized_matmuls():
+    """Issue 21, item 4: a share of the float32 cases reads its MatMul/Gemm weights through
+    an int8 or uint8 DequantizeLinear per output channel, activations left in float32 (no
+    QuantizeLinear); each is a valid model."""
+    kinds = {"weight_only": 0, "uint8": 0, "gemm": 0}
+    for seed in range(300):
+        model = draw_case(seed).model
+        ops = list(model.graph.node)
+        if any(n.op_type == "QuantizeLinear" for n in ops):
+            continue
+        inits = {t.name: t.data_type for t in model.graph.initializer}
+        dqs = {n.output[0]: n for n in ops if n.op_type == "DequantizeLinear"}
+        read = [n for n in ops if n.op_type in ("MatMul", "Gemm") and n.input[1] in dqs]
+        if read:
+            kinds["weight_only"] += 1
+            onnx.checker.check_model(model, full_check=True)
+            kinds["uint8"] += any(inits[dqs[n.input[1]].input[0]] == TensorProto.UINT8
+                                  for n in read)
+            kinds["gemm"] += any(n.op_type == "Gemm" for n in read)
+    assert all(count >= 3 for count in kinds.values()), kinds
+
+
 def test_special_feeds_plant_edge_values_and_depend_on_name_only():
     model = _chain_model()  # one input of 60 elements
     plain = make_feeds(model, 7)["x"]
@@ -150,6 +173,30 @@ def test_mismatch_is_dtype_and_nan_aware():
     assert mismatch([np.array([1, 2], np.int64)], [np.array([1, 3], np.int64)])[0] is not None
     half = np.array([1.0, 2.0], np.float16)
     assert mismatch([half + np.float16(0.001)], [half])[0] is None  # 1 ulp of fp16
+
+
+def test_memory_check_keeps_both_plans_and_fails_a_build_above_stock(monkeypatch):
+    """``check_case_memory`` (``scripts/fuzz.py --memory``, issue 20 item 3): an ``ok`` case
+    carries both planned byte counts; a default build above stock is a ``memory`` failure."""
+    relu = _chain_model()  # its Relu alone: the whole chain is 16 B above stock (a Softmax row)
+    del relu.graph.node[1:]
+    relu.graph.output.pop(0)
+    case = Case(seed=0, model=relu)
+    outcome = check_case_memory(case)
+    assert outcome.cls == "ok", outcome
+    assert 0 < outcome.ours_bytes <= outcome.stock_bytes
+    plain, measured = outcome.ours_bytes, differential.planned_memory
+
+    def ours_grows(mod, target, repack=True):  # the tvm_fusion build is measured re-packed
+        plan = measured(mod, target, repack)
+        return dataclasses.replace(plan, workspace=plan.workspace + 4096) if repack else plan
+
+    monkeypatch.setattr(differential, "planned_memory", ours_grows)
+    outcome = check_case_memory(case)
+    assert (outcome.cls, outcome.stage) == ("memory", "memory")
+    assert outcome.ours_bytes == plain + 4096 > outcome.stock_bytes
+    assert "above stock FuseOps'" in outcome.error
+    assert outcome.signature() == "memory"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,12 +316,7 @@ def test_store_round_trips_cases_and_options(tmp_path):
     assert Store(tmp_path / "out").done_seeds() == {3}
 
 
-@pytest.mark.parametrize("seed", [0, 3, 7])
-def test_attention_family_builds_and_matches(seed):
-    """The fuzzer's attention family (packed Q/K/V, rotate-half, constant causal mask): the
-    cases of this session's attention fixes, checked like any generated graph."""
-    from conftest import check_model
-
+def _attention_case(seed):
     from tvm_fusion.fuzz.generate import Builder, emit_attention
 
     rng = np.random.default_rng(seed)
@@ -283,4 +325,33 @@ def test_attention_family_builds_and_matches(seed):
     out = emit_attention(b, x)
     assert out is not None
     b.add_output(out, list(b.shape(out)))
-    check_model(b.model(prune=True))
+    return b.model(prune=True)
+
+
+@pytest.mark.parametrize("seed", [0, 3, 7, 11])
+def test_attention_family_builds_and_matches(seed):
+    """The fuzzer's attention family (packed Q/K/V, rotate-half, constant causal mask, MatMul
+    or torch.export's bmm): the cases of this session's attention fixes, checked like any
+    generated graph."""
+    from conftest import check_model
+
+    check_model(_attention_case(seed))
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_attention_family_bmm_is_one_attention_block(seed):
+    """The bmm form (Expand to the same shape, Reshape of the leading axes around each
+    MatMul) is planned as one attention block, as the MatMul form is."""
+    import tvm
+    from conftest import TARGET
+
+    from tvm_fusion.compile import fuse, import_onnx
+    from tvm_fusion.instrument import Collector
+
+    model = _attention_case(seed)
+    assert "Expand" in {n.op_type for n in model.graph.node}  # the seed draws the bmm form
+    collector = Collector()
+    with tvm.transform.PassContext(instruments=[collector]):
+        fuse(import_onnx(model), TARGET)
+    decisions = [d for p in collector.plans[0].plans.values() for d in p.attention]
+    assert [d.chosen for d in decisions] == [True], [d.reason for d in decisions]

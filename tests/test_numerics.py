@@ -34,6 +34,8 @@ def test_registered_pipeline_matches_sequential():
     compare(by_name, onnx_reference(model, feeds), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # ~25 s; .ci/run runs it after the default run (the fuzzer's
+# short run covers random graphs in the default run)
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(model=random_dag_models())

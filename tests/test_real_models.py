@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tvm_fusion import export_models as zoo
 from tvm_fusion.compile import load_onnx
 from tvm_fusion.report import make_report
 
@@ -26,19 +27,16 @@ def test_kernels_near_anchor_bound_and_numerics(name):
     assert report.irs_bytes_after < report.irs_bytes_before
 
 
-# Issue 19's added architectures: each matches ONNX Runtime (the report's check raises
-# otherwise) and is no more kernels than stock FuseOps. fp16 and QDQ int8 fusion belong to
-# the quantization work; for those two the check is only that they build and match.
-ADDED = ["llama_decoder", "gpt2_lm", "convnext_t", "yolov8n", "sd_unet_block", "r2plus1d_18",
-         "mobilenet_v3_fp16", "resnet18_int8", "regnet_y_400mf", "wav2vec2"]
+# Every other zoo model (issue 19): each matches ONNX Runtime (the report's check raises
+# otherwise) and is no more kernels than stock FuseOps.
+OTHERS = sorted(set(zoo.MODELS) - set(MODELS))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ADDED)
-def test_added_architectures_match_and_fuse(name):
+@pytest.mark.parametrize("name", OTHERS)
+def test_every_zoo_model_matches_and_fuses(name):
     path = MODELS_DIR / f"{name}.onnx"
     if not path.exists():
         pytest.skip(f"{path} missing: run `python -m tvm_fusion.export_models --only {name}`")
     report = make_report(load_onnx(path), name, check=True)
-    if name not in ("mobilenet_v3_fp16", "resnet18_int8"):
-        assert report.fused_kernels <= report.stock_kernels
+    assert report.fused_kernels <= report.stock_kernels

@@ -119,7 +119,7 @@ def test_tune_end_to_end_then_compile_tuned(farm2, model_path, tmp_path, capsys)
     meta = T.read_meta(work_dir)
     assert meta["key"] == KEY and meta["trials"] == 16
     (choice,) = meta["choices"].values()  # one fused kernel: matmul + bias + relu
-    assert choice["name"] == "fused_matmul_add_relu"
+    assert choice["name"] == "fused_matmul_packed_add_relu"  # the weight is packed at build time
     assert choice["tuned_s"] is not None and choice["hand_s"] is not None
 
     # Per-kernel rows in the profiling database of the yellow-cell oracle.
@@ -161,7 +161,7 @@ def test_tune_end_to_end_then_compile_tuned(farm2, model_path, tmp_path, capsys)
           f"{choice['choice']}; model: unscheduled {t_unsched * 1e6:.1f} us, untuned tvm_fusion "
           f"{t_hand * 1e6:.1f} us, tuned {t_tuned * 1e6:.1f} us; compile --tuned "
           f"{compile_s:.1f} s")
-    assert applied == {"fused_matmul_add_relu": choice["choice"]}
+    assert applied == {choice["name"]: choice["choice"]}
     assert t_tuned < 0.5 * t_unsched  # tuning the fused kernel pays
     assert t_tuned <= 1.25 * t_hand  # never slower than the untuned build (shared-machine noise)
 

@@ -2,7 +2,8 @@
 
 TVM's ``StaticPlanBlockMemory`` gives the tensors of a Relax function storage blocks that are
 reused once their tensors are dead; their total is the *planned* activation memory of the
-graph. Weights are constants and not counted. Two more terms complete the picture:
+graph (a tvm_fusion build re-packs TVM's tokens, largest tensors first, where that takes fewer
+bytes). Weights are constants and not counted. Two more terms complete the picture:
 
 * ``unplanned``: tensors the planner leaves to run-time allocation (``R.builtin.alloc_tensor``
   of a size only known at run time; counted at the symbolic hint);
@@ -18,13 +19,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax, s_tir, tirx
+from tvm import relax, tirx
 from tvm.s_tir import SBlock
 
 from .pipeline import memory_planning
 from .symbolic import extent
 from .target import to_target
-from .tir_utils import find_all
+from .tir_utils import compact_buffers, find_all
+
+__all__ = ["MemoryPlan", "compact_buffers", "kernel_workspace", "planned_memory"]
 
 _ALLOC_STORAGE = "relax.memory.alloc_storage"
 _ALLOC_TENSOR = "relax.builtin.alloc_tensor"
@@ -45,11 +48,14 @@ class MemoryPlan:
         return self.planned + self.unplanned + self.workspace
 
 
-def planned_memory(fused: tvm.IRModule, target) -> MemoryPlan:
-    """The :class:`MemoryPlan` of ``fused`` (a module after ``FuseTIR``) for ``target``."""
+def planned_memory(fused: tvm.IRModule, target, repack: bool = True) -> MemoryPlan:
+    """The :class:`MemoryPlan` of ``fused`` (a module after ``FuseTIR``) for ``target``, as a
+    tvm_fusion build plans it (TVM's planner, then its tokens re-packed:
+    ``relay_passes/repack_storage.py``); ``repack=False``: as TVM's own pipeline does, for
+    stock FuseOps' module."""
     target = to_target(target)
     with target:
-        lowered = memory_planning(target)(fused)
+        lowered = memory_planning(target, repack)(fused)
     planned = unplanned = 0
     for func in lowered.functions.values():
         if isinstance(func, relax.Function):
@@ -106,15 +112,3 @@ def kernel_workspace(func: tirx.PrimFunc) -> int:
                     size *= _value(dim)
                 total += size
     return total
-
-
-def compact_buffers(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """TVM's own buffer compaction (the steps of its TIR lowering that move each allocation
-    under the loop it is used in and shrink it to the region used there)."""
-    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-    for step in (s_tir.transform.LowerInitBlock(),
-                 s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-                 s_tir.transform.ConvertBlocksToOpaque(),
-                 s_tir.transform.CompactBufferAllocation()):
-        mod = step(mod)
-    return mod["main"]

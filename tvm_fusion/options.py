@@ -296,6 +296,13 @@ class Scheduling(_Group):
             "`flops_per_byte`) is planned apart again, with the reason `fusion_loses` "
             "(`tvm_fusion/relay_passes/fusion_guard.py`). `strategy=\"dnnfusion\"`; Apollo's "
             "feedback splits such a kernel by undoing its last merge.")
+    guard_kept_intermediates: bool = _opt(
+        "bool", False,
+        doc="Ours, with `fusion_guard`: a kernel whose schedule keeps a whole intermediate as "
+            "workspace (a GLU's `split(x·W)` product) is also split after that intermediate's "
+            "producer, so that the planner can reuse storage for it (`kept_intermediate`). Off "
+            "by default: on the zoo it raised YOLOv8-n's planned memory (6.68 → 6.88 MB) and "
+            "MobileBERT measured 1.09× slower with it (docs/benchmarks.md).")
 
 
 @dataclass(frozen=True)

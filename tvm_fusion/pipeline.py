@@ -45,6 +45,7 @@ from .relay_passes.fusion_guard import FusionGuard
 from .relay_passes.fusion_plan import PlanOptions
 from .relay_passes.mapping_type import AnnotateMappingType
 from .relay_passes.plan_fusion import PlanFusion
+from .relay_passes.repack_storage import RepackStorage
 from .relay_passes.rewrite.math_properties import RewriteByMathProperties
 from .relay_passes.take_bounds import ClampTakeIndices
 from .tir_schedules.fused_block import ScheduleFusedBlocks
@@ -91,12 +92,17 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
     strategy, rewriting, smartmem = opts.planning.strategy, opts.rewriting, opts.smartmem
     ours = strategy != "tvm"  # "tvm" is stock TVM's graph passes, kept pure
     passes = []
+    pack = opts.scheduling.pack_weights and target.kind.name == "llvm"
+    if pack and ours and rewriting.rewrite:
+        # weight-only quantized weights first: the rewriting's FoldConstant would fold their
+        # dequantize into float32 weights (four times the bytes, layout/weight_quant.py)
+        passes.append(PackMatmulWeights(target, quantized_only=True))
     if ours and rewriting.rewrite:
         passes.append(RewriteByMathProperties(rewriting.rewrite_rules,
                                               rewriting.allow_fp_reassociation))
     if ours:  # Gather indices from the inputs: clamped, never read outside the data
         passes.append(ClampTakeIndices())
-    if opts.scheduling.pack_weights and target.kind.name == "llvm":
+    if pack:
         # every strategy our CPU schedules run for ("tvm" included: the baseline of every
         # benchmark), so that a GEMM is the same kernel whatever the grouping; before the
         # conv packing, whose legalisation of the packed convs legalises every other op too
@@ -160,7 +166,8 @@ def _fusion_passes(target: tvm.target.Target, opts: Options, plan_options: PlanO
     if schedule is not None and scheduling.fusion_guard and opts.planning.strategy == "dnnfusion":
         # the guard plans, fuses and schedules, then splits the kernels that lose
         return [FusionGuard(planner, schedule, flops_per_byte=opts.profiling.flops_per_byte,
-                            oracle=getattr(plan_options, "oracle", None))]
+                            oracle=getattr(plan_options, "oracle", None),
+                            split_kept=scheduling.guard_kept_intermediates)]
     return [planner, relax.transform.FuseTIR()] + ([schedule] if schedule is not None else [])
 
 
@@ -185,12 +192,24 @@ def _tvm_backend(target: tvm.target.Target):
 
 
 def _lowering_passes(target: tvm.target.Target) -> list:
-    """TVM's lowering, then ``tirx.noalias`` on the VM's shape functions: without it TVM 0.27's
-    LLVM codegen can emit every kernel of a symbolic-shape module as possibly aliased
-    (``tir_schedules/noalias.py``)."""
+    """TVM's lowering, with the storage tokens of ``StaticPlanBlockMemory`` re-packed where
+    that takes fewer bytes (``relay_passes/repack_storage.py``), then ``tirx.noalias`` on the
+    VM's shape functions: without it TVM 0.27's LLVM codegen can emit every kernel of a
+    symbolic-shape module as possibly aliased (``tir_schedules/noalias.py``)."""
     backend = _tvm_backend(target)
-    return (backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+    return (backend.dataflow_lower_passes(target)
+            + _after_memory_plan(backend.finalize_passes(target), RepackStorage())
             + [MarkSingleBufferNoAlias()])
+
+
+def _after_memory_plan(passes: list, extra: tvm.transform.Pass) -> list:
+    """``passes`` with ``extra`` right after TVM's ``StaticPlanBlockMemory``."""
+    out = []
+    for p in passes:
+        out.append(p)
+        if p.info.name == "StaticPlanBlockMemory":
+            out.append(extra)
+    return out
 
 
 def lowering(target: tvm.target.Target) -> tvm.transform.Pass:
@@ -215,10 +234,12 @@ def build(target: tvm.target.Target, graph: tvm.transform.Pass, backend: str | N
     return tvm.transform.Sequential(passes, name="tvm_fusion.build")
 
 
-def memory_planning(target: tvm.target.Target) -> tvm.transform.Pass:
-    """TVM's lowering of a fused module up to and including ``StaticPlanBlockMemory``: where
-    the storage its activations will take is decided (``tvm_fusion.memory`` reads it)."""
+def memory_planning(target: tvm.target.Target, repack: bool = True) -> tvm.transform.Pass:
+    """TVM's lowering of a fused module up to and including ``StaticPlanBlockMemory`` and, as a
+    tvm_fusion build does (``repack``), the re-packing of its tokens: where the storage its
+    activations will take is decided (``tvm_fusion.memory`` reads it). ``repack=False`` is
+    TVM's own plan, as its default pipeline builds it."""
     backend = _tvm_backend(target)
-    return tvm.transform.Sequential(
-        backend.dataflow_lower_passes(target) + [relax.transform.StaticPlanBlockMemory()],
-        name="tvm_fusion.memory_planning")
+    plan = [relax.transform.StaticPlanBlockMemory()] + ([RepackStorage()] if repack else [])
+    return tvm.transform.Sequential(backend.dataflow_lower_passes(target) + plan,
+                                    name="tvm_fusion.memory_planning")

@@ -142,7 +142,7 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         planning_seconds=round(module_plan.seconds, 4),
     )
     with symbolic_hints(options.get("symbolic_hint")):
-        report.activation_bytes_stock = planned_memory(stock_mod, target).total
+        report.activation_bytes_stock = planned_memory(stock_mod, target, repack=False).total
         report.activation_bytes_fused = planned_memory(fused_mod, target).total
     if rewrites:
         report.flops_before_rewrite = int(rewrites[0].flops_before)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.s_tir import SBlock, analysis
 
 _LEAF_KEYS = frozenset({"ir.Var", "ir.GlobalVar", "ir.Span", "ir.SourceName", "ir.Op"})
@@ -147,3 +147,15 @@ def refresh_access_regions(func: tirx.PrimFunc) -> tirx.PrimFunc:
                       block.alloc_buffers, block.match_buffers, block.annotations, block.span)
 
     return tvm_ffi.structural_map(func, [(SBlock, refresh)])
+
+
+def compact_buffers(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """TVM's own buffer compaction (the steps of its TIR lowering that move each allocation
+    under the loop it is used in and shrink it to the region used there)."""
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    for step in (s_tir.transform.LowerInitBlock(),
+                 s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+                 s_tir.transform.ConvertBlocksToOpaque(),
+                 s_tir.transform.CompactBufferAllocation()):
+        mod = step(mod)
+    return mod["main"]

@@ -38,7 +38,8 @@ work = tempfile.mkdtemp(prefix="tvm_fusion_tutorial5_")
 # %% [markdown]
 # ## A small model: one fused kernel
 #
-# MatMul + bias + ReLU: tvm_fusion fuses it into one kernel, `fused_matmul_add_relu`.
+# MatMul + bias + ReLU: tvm_fusion fuses it into one kernel, `fused_matmul_packed_add_relu`
+# (the weight is laid out in panels at build time, hence `packed`).
 
 # %%
 rng = np.random.default_rng(0)

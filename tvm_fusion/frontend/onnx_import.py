@@ -41,7 +41,8 @@ from .shape_values import (
 
 # Every repair by name; ``from_onnx(repairs=...)`` takes a subset (the tests switch one off to
 # show what it fixes). "shape_values" is the folding of shape chains (:mod:`.shape_values`).
-ALL_REPAIRS = frozenset({"shape_values", *onnx_repairs.REPAIRS})
+# "int4_weights": 4-bit initializers widened to 8 bits (onnx_repairs.widen_int4_initializers).
+ALL_REPAIRS = frozenset({"shape_values", "int4_weights", *onnx_repairs.REPAIRS})
 
 # TVM's converters that take ShapeExpr inputs (``ONNXGraphImporter._construct_nodes``); any
 # other converter gets a symbolic value as a tensor.
@@ -324,6 +325,9 @@ def from_onnx(model: onnx.ModelProto, shape_dict: dict | None = None, *,
                                  repairs=repairs, report=report)
     if opset is None:
         opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    if "int4_weights" in importer.repairs:
+        model, widened = onnx_repairs.widen_int4_initializers(model)
+        importer.report.repairs["int4_weights"] += widened
     printed = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(printed):
         warnings.simplefilter("ignore")

@@ -16,7 +16,7 @@ from tvm import relax, tirx
 
 from .shape_values import is_concrete
 
-__all__ = ["CONVERTERS", "REPAIRS"]
+__all__ = ["CONVERTERS", "REPAIRS", "widen_int4_initializers"]
 
 CONVERTERS: dict[str, Callable] = {}
 
@@ -178,6 +178,72 @@ def range_(ctx, node, attr, inputs, values):
     if not ctx.analyzer.equal(out.ty.shape[0], length):
         out = _cast_dims(ctx, out, [length])
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# DequantizeLinear with blocks
+# --------------------------------------------------------------------------------------------
+
+
+@_converter("DequantizeLinear", "blocked_dequantize")
+def blocked_dequantize(ctx, node, attr, inputs, values):
+    """Opset 21's block-wise DequantizeLinear (``block_size``: one scale, and zero point, per
+    ``block_size`` consecutive elements along ``axis``), which TVM 0.27's converter refuses
+    ("blocked quantization is not supported yet"): ``(x − zp) · scale`` with the scale and zero
+    point repeated ``block_size`` times along the axis (cut to its length). A constant weight
+    in this form is kept as integers by the packed GEMM (``layout/weight_quant.py``)."""
+    block = int(attr.get("block_size", 0))
+    if block <= 0:
+        return None  # per tensor or per axis: TVM's converter
+    x, scale = inputs[0], inputs[1]
+    zp = inputs[2] if len(inputs) > 2 else None
+    dims = _dims(ctx, x)
+    if dims is None or _dims(ctx, scale) is None:
+        return None
+    axis = int(attr.get("axis", 1)) % len(dims)
+    if not isinstance(dims[axis], (int, tirx.IntImm)):
+        return None
+    length = int(dims[axis])
+    out_dtype = str(scale.ty.dtype)
+
+    def spread(t):
+        out = ctx.bb.emit(relax.op.repeat(t, block, axis))
+        if int(out.ty.shape[axis]) != length:
+            out = ctx.bb.emit(relax.op.strided_slice(out, [axis], [0], [length]))
+        return out
+
+    value = ctx.bb.emit(relax.op.astype(x, out_dtype))
+    if zp is not None:
+        value = ctx.bb.emit(relax.op.subtract(
+            value, ctx.bb.emit(relax.op.astype(spread(zp), out_dtype))))
+    return relax.op.multiply(value, spread(scale))
+
+
+# --------------------------------------------------------------------------------------------
+# 4-bit initializers
+# --------------------------------------------------------------------------------------------
+
+_WIDER = {onnx.TensorProto.INT4: (onnx.TensorProto.INT8, np.int8),
+          onnx.TensorProto.UINT4: (onnx.TensorProto.UINT8, np.uint8)}
+
+
+def widen_int4_initializers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """The model with its int4/uint4 initializers as int8/uint8 of the same values, and how
+    many there were. TVM 0.27's importer fails on a 4-bit initializer (``TensorCopyFromBytes:
+    size mismatch``: ONNX packs two per byte, TVM's ``int4`` tensor is read as one per byte);
+    DequantizeLinear, their usual reader, gives the same result from the wider type, and the
+    packed GEMM keeps them as 8-bit integers (not two per byte)."""
+    found = [t for t in model.graph.initializer if t.data_type in _WIDER]
+    if not found:
+        return model, 0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for tensor in out.graph.initializer:
+        if tensor.data_type in _WIDER:
+            values = np.asarray(onnx.numpy_helper.to_array(tensor)).astype(
+                _WIDER[tensor.data_type][1])
+            tensor.CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
+    return out, len(found)
 
 
 REPAIRS = frozenset(fn.repair for fn in CONVERTERS.values())

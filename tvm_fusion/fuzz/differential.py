@@ -9,6 +9,11 @@ and stock TVM (``compile_model(..., strategy="tvm")``: FuseOps + FuseTIR) are th
 * ``timeout``: tvm_fusion took longer than the case limit (set by :mod:`.worker`);
 * ``skipped``: ONNX Runtime fails, or stock TVM fails or disagrees: not evidence against us.
 
+:func:`check_case_memory` (``scripts/fuzz.py --memory``) adds issue 20's memory check to an
+``ok`` case: ``memory`` when the default tvm_fusion build's planned activation memory
+(:func:`tvm_fusion.memory.planned_memory`) exceeds stock FuseOps' (TVM's own plan); the bytes of
+both are kept on the outcome either way. Symbolic cases are not measured.
+
 Tolerances depend on the output dtype and scale with the output's magnitude (a float32 sum of
 large terms carries absolute error relative to the terms); integers and bools must match
 exactly; matching NaN and same-signed infinities are equal (:func:`tvm_fusion.numerics.compare`).
@@ -25,12 +30,13 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
-from ..compile import compile_model, graph_input_names, import_onnx, run
+from ..compile import compile_model, fuse, graph_input_names, import_onnx, run
+from ..memory import planned_memory
 from ..numerics import abs_error, compare, onnx_reference
 from .feeds import make_feeds
 
-CLASSES = ("ok", "wrong", "crash", "timeout", "skipped")
-FAILURES = ("wrong", "crash", "timeout")
+CLASSES = ("ok", "wrong", "crash", "timeout", "skipped", "memory")
+FAILURES = ("wrong", "crash", "timeout", "memory")
 
 #: (rtol, atol relative to max(1, max |finite reference|)) per numpy dtype kind/size.
 TOLERANCES = {"float16": (1e-2, 1e-2), "float32": (1e-4, 1e-4), "float64": (1e-7, 1e-7)}
@@ -65,6 +71,8 @@ class Outcome:
     max_err: float | None = None  # tvm_fusion vs ONNX Runtime, when both ran
     stock_err: float | None = None  # stock TVM vs ONNX Runtime
     seconds: float = 0.0
+    stock_bytes: int | None = None  # planned activation memory, with check_case_memory
+    ours_bytes: int | None = None
 
     def signature(self) -> str:
         """What the minimiser keeps fixed: the class and, for a crash, the error's shape (its
@@ -166,3 +174,24 @@ def check_case(case: Case, on_stage: Callable[[str], None] | None = None) -> Out
     if message:
         return done(Outcome("wrong", "ours", message, max_err=err, stock_err=stock_err))
     return done(Outcome("ok", "ours", max_err=err, stock_err=stock_err))
+
+
+def check_case_memory(case: Case, on_stage: Callable[[str], None] | None = None) -> Outcome:
+    """:func:`check_case`, then for an ``ok`` static case the planned activation memory of the
+    default tvm_fusion build against stock FuseOps' (``memory`` when above)."""
+    outcome = check_case(case, on_stage)
+    if outcome.cls != "ok" or case.symbolic:
+        return outcome
+    (on_stage or (lambda _s: None))("memory")
+    start = time.perf_counter() - outcome.seconds
+    mod = import_onnx(case.model)
+    stock = planned_memory(fuse(mod, case.target, strategy="tvm"), case.target, repack=False)
+    ours = planned_memory(fuse(mod, case.target), case.target)
+    outcome.stock_bytes, outcome.ours_bytes = stock.total, ours.total
+    if ours.total > stock.total:
+        outcome.cls, outcome.stage = "memory", "memory"
+        outcome.error = (f"planned activation memory {ours.total:,} B above stock FuseOps' "
+                         f"{stock.total:,} B (largest workspace: {ours.workspace:,} B in "
+                         f"{ours.workspace_kernel or '-'})")
+    outcome.seconds = round(time.perf_counter() - start, 3)
+    return outcome

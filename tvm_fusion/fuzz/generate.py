@@ -647,8 +647,9 @@ def emit_index_arith(b: Builder, t: str):
 def emit_attention(b: Builder, t: str):
     """Self-attention of a packed Q/K/V projection (one ``Split`` of one MatMul, so the fused
     block has a single input: a kernel without a root block failed TVM's Relax lowering), with
-    a rotate-half on Q and K (RoPE's index arithmetic once fell back silently) and an optional
-    constant causal mask (read back as ``j > i`` by the CPU template)."""
+    a rotate-half on Q and K (RoPE's index arithmetic once fell back silently), an optional
+    constant causal mask (read back as ``j > i`` by the CPU template) and the products written
+    either as ``MatMul`` or as torch.export's ``bmm`` (Expand and Reshape around each product)."""
     sh = b.shape(t)
     if len(sh) != 3:
         return None
@@ -677,13 +678,28 @@ def emit_attention(b: Builder, t: str):
         q, k = (node("Concat", [
             node("Neg", [node("Slice", [x, ints([half]), ints([dim]), ints([3])])]),
             node("Slice", [x, ints([0]), ints([half]), ints([3])])], axis=3) for x in (q, k))
-    scores = node("MatMul", [q, node("Transpose", [k], perm=[0, 1, 3, 2])])
-    scores = node("Mul", [scores, b.const(dim ** -0.5)])
+    mask = None
     if rng.random() < 0.5:
         mask = np.triu(np.full((seq, seq), _pick(rng, [-1e9, -np.inf]), np.float32), 1)
+    bmm = rng.random() < 0.5
+
+    def matmul(x, y):
+        """``x @ y``, or as torch.export writes it (``bmm``): each operand expanded to its own
+        shape and reshaped ``[b, heads, m, n] → [b·heads, m, n]``, the product reshaped back."""
+        if not bmm:
+            return node("MatMul", [x, y])
+        lead = list(b.shape(x)[:2])
+        flat = [node("Reshape", [node("Expand", [t, ints(b.shape(t))]),
+                                 ints([lead[0] * lead[1], *b.shape(t)[2:]])]) for t in (x, y)]
+        prod = node("MatMul", flat)
+        return node("Reshape", [prod, ints(lead + list(b.shape(prod)[1:]))])
+
+    scores = matmul(q, node("Transpose", [k], perm=[0, 1, 3, 2]))
+    scores = node("Mul", [scores, b.const(dim ** -0.5)])
+    if mask is not None:
         scores = node("Add", [scores, b.const(mask)])
     probs = node("Softmax", [scores], axis=-1)
-    out = node("Transpose", [node("MatMul", [probs, v])], perm=[0, 2, 1, 3])
+    out = node("Transpose", [matmul(probs, v)], perm=[0, 2, 1, 3])
     return node("Reshape", [out, ints([0, 0, hd])])
 
 EMITTERS: dict[str, Callable[[Builder, str], str | None]] = {
@@ -879,6 +895,22 @@ class _QdqWriter:
             self.const(np.zeros(b.shape), np.int32)], [out], axis=0), out
 
 
+def _with_nodes(out: onnx.ModelProto, nodes: list) -> onnx.ModelProto | None:
+    """``out`` with ``nodes`` as its graph and only the initializers they read; None when the
+    ONNX checker refuses the result."""
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    used = {i for n in out.graph.node for i in n.input}
+    kept = [t for t in out.graph.initializer if t.name in used]
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(kept)
+    try:
+        onnx.checker.check_model(out, full_check=True)
+    except Exception:  # noqa: BLE001 - the checker's own errors
+        return None
+    return out
+
+
 def qdq_wrap(model: onnx.ModelProto, rng: np.random.Generator, seed: int
              ) -> onnx.ModelProto | None:
     """The model as ``onnxruntime.quantization.quantize_static`` writes it in QDQ format,
@@ -924,17 +956,50 @@ def qdq_wrap(model: onnx.ModelProto, rng: np.random.Generator, seed: int
         anchor.attribute.extend(node.attribute)
         post, _, _ = qdq.pair(raw, values[node.output[0]], out=node.output[0])
         nodes += [*pre, anchor, *post]
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    used = {i for n in out.graph.node for i in n.input}
-    kept = [t for t in out.graph.initializer if t.name in used]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(kept)
-    try:
-        onnx.checker.check_model(out, full_check=True)
-    except Exception:  # noqa: BLE001 - the checker's own errors
+    return _with_nodes(out, nodes)
+
+
+def weight_only_wrap(model: onnx.ModelProto, rng: np.random.Generator
+                     ) -> onnx.ModelProto | None:
+    """The model with the 2-D constant weights of its MatMul/Gemm nodes weight-only
+    quantized: int8 (symmetric) or uint8 (a zero point per channel) through
+    DequantizeLinear, one scale per output channel, activations left in float32 (the
+    packed GEMM's int8 path, ``layout/weight_quant.py``). None when nothing qualifies."""
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    anchors = [n for n in _qdq_anchors(model, inits)
+               if n.op_type != "Conv" and inits[n.input[1]].ndim == 2]
+    if not anchors:
         return None
-    return out
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    signed = bool(rng.random() < 0.5)
+    writer = _QdqWriter(out.graph, signed=signed)
+    names = {n.output[0] for n in anchors}
+    nodes = []
+    for node in list(out.graph.node):
+        if node.output[0] in names:
+            w = inits[node.input[1]]
+            trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+            axis = 0 if node.op_type == "Gemm" and trans_b else 1
+            moved = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+            lo, hi = moved.min(axis=1), moved.max(axis=1)
+            if signed:
+                scale = np.maximum(np.maximum(-lo, hi), 1e-8) / 127
+                zp = np.zeros(w.shape[axis])
+            else:
+                scale = np.maximum(hi - lo, 1e-8) / 255
+                zp = np.clip(np.round(-lo / scale), 0, 255)
+            shape = [1, 1]
+            shape[axis] = -1
+            q = np.round(w / scale.reshape(shape)) + zp.reshape(shape)
+            q = np.clip(q, -127, 127) if signed else np.clip(q, 0, 255)
+            deq = writer.fresh("w")
+            nodes.append(helper.make_node("DequantizeLinear", [
+                writer.const(q, writer.qtype), writer.const(scale, np.float32),
+                writer.const(zp, writer.qtype)], [deq], axis=axis))
+            node.input[1] = deq
+        nodes.append(node)
+    return _with_nodes(out, nodes)
 
 
 def to_float16(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -948,10 +1013,12 @@ def to_float16(model: onnx.ModelProto) -> onnx.ModelProto | None:
 
 def draw_case(seed: int, target: str = "llvm", special_share: float = 0.3,
               option_share: float = 0.15, symbolic_share: float = 0.0, max_nodes: int = 12,
-              fp16_share: float = 0.1, qdq_share: float = 0.3):
+              fp16_share: float = 0.1, qdq_share: float = 0.3,
+              weight_only_share: float = 0.15):
     """The whole case of ``seed``: model, option set, input-value mode (and the symbolic hook);
     on ``qdq_share`` of the cases the Conv/MatMul/Gemm nodes are QDQ-wrapped (int8), on
-    ``fp16_share`` the whole graph is cast to float16.
+    ``fp16_share`` the whole graph is cast to float16, on ``weight_only_share`` of the cases
+    left in float32 the MatMul/Gemm weights are weight-only quantized (int8 per channel).
 
     Each part has its own random stream, so changing one share leaves the others' draws alone.
     """
@@ -961,10 +1028,14 @@ def draw_case(seed: int, target: str = "llvm", special_share: float = 0.3,
     symbolic = bool(np.random.default_rng([seed, 3]).random() < symbolic_share)
     model = generate_model(seed, special=special, max_nodes=max_nodes)
     precision = np.random.default_rng([seed, 4])
+    float32 = model
     if not special and precision.random() < qdq_share:  # NaN to int8 is undefined
         model = qdq_wrap(model, precision, seed) or model
     elif precision.random() < fp16_share:
         model = to_float16(model) or model
+    weight_only = np.random.default_rng([seed, 5])
+    if model is float32 and weight_only.random() < weight_only_share:
+        model = weight_only_wrap(model, weight_only) or model
     shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
               for vi in model.graph.input}
     if symbolic:

@@ -61,7 +61,8 @@ def fuzz(seeds: Iterable[int], store: Store, worker: Worker, *, target: str = "l
                     if final.signature() != outcome.signature():  # flaky: keep the original
                         small, final = case, outcome
                 extra["minimise_checks"] = checks
-                if do_triage:  # which one option change makes the minimised case pass
+                if do_triage and outcome.cls != "memory":  # memory: the default build only
+                    # which one option change makes the minimised case pass
                     extra["fixed_by"] = fixed_by(triage(small, worker.check))
             path = store.save_failure(small, final, original=case,
                                       original_nodes=len(case.model.graph.node))

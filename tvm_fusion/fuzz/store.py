@@ -41,6 +41,8 @@ def record(case: Case, outcome: Outcome, **extra) -> dict:
         "max_err": outcome.max_err,
         "stock_err": outcome.stock_err,
         "seconds": outcome.seconds,
+        **({"stock_bytes": outcome.stock_bytes, "ours_bytes": outcome.ours_bytes}
+           if outcome.ours_bytes is not None else {}),
         "options": options_to_json(case.options),
         "special": case.special,
         "target": case.target,

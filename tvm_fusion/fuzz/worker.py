@@ -118,7 +118,7 @@ class Worker:
                 stage = value
                 if stage == "reference":
                     deadline = time.perf_counter() + 2 * limit  # reference + stock
-                if stage == "ours":
+                if stage in ("ours", "memory"):  # memory: check_case_memory's measurement
                     ours_deadline = time.perf_counter() + limit
             else:
                 return value

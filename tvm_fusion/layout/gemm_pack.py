@@ -15,6 +15,12 @@ data, so the module holds the packed weight only (what MLAS's ``MlasGemmPackB`` 
 session creation); packing in numpy, not as a TIR function folded by ``FoldConstant``, keeps
 the pass at milliseconds (folding built one LLVM function per weight shape: seconds per model).
 
+A weight-only quantized weight (``R.dequantize`` of an int8/uint8 constant per output channel,
+or the frontend's block-wise form: :mod:`.weight_quant`) is packed as integers into the same
+panels; ``matmul_packed`` widens them to float32 as it reads them (less the zero point, times a
+block's scale), and a per-channel scale becomes an elementwise multiply after it, an epilogue.
+Those are packed by a first run (``quantized_only``) before the rewriting's ``FoldConstant``.
+
 ``matmul_packed`` is an ordinary reduction for legalisation, TVM's op patterns and fusion: the
 epilogues fuse into it as into a matmul; ``ScheduleFusedBlocks`` recognises its read of ``Bp``
 and emits the packed GEMM nest (``tir_schedules/cpu_gemm.py``).
@@ -45,6 +51,7 @@ from tvm import relax, te, tirx
 from tvm.ir.expr import GenericConst
 
 from ..tir_schedules.cpu_target import CpuParams, cpu_params
+from .weight_quant import QuantizedWeight, pack_columns, quantized_weight
 
 PACKED_GEMM = "matmul_packed"
 
@@ -61,8 +68,13 @@ def panel_width(n: int, params: CpuParams) -> int:
     return min(nr, -(-n // lanes) * lanes)
 
 
-def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int) -> te.Tensor:
-    """``x[..., K] · B`` for ``B`` packed as ``bp[⌈n/NR⌉, K, NR]``."""
+def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int, zp: te.Tensor | None = None,
+                  scale: te.Tensor | None = None, block: int = 0) -> te.Tensor:
+    """``x[..., K] · B`` for ``B`` packed as ``bp[⌈n/NR⌉, K, NR]``. An integer ``bp`` (a
+    weight-only quantized B) is widened to float32 as it is read, less its zero point (float32,
+    ``zp[⌈n/NR⌉, NR]`` per column or ``[⌈n/NR⌉, ⌈K/block⌉, NR]`` per block) when there is one;
+    a block-wise weight is then multiplied by its block's ``scale[⌈n/NR⌉, ⌈K/block⌉, NR]``
+    (a per-column scale is applied after the sum, by the caller)."""
     nr = int(bp.shape[2])
     k = te.reduce_axis((0, x.shape[-1]), name="k")
 
@@ -70,7 +82,15 @@ def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int) -> te.Tensor:
         j = idx[-1]
         panel = tirx.floordiv(j, tirx.const(nr, _dtype(j)))
         lane = tirx.floormod(j, tirx.const(nr, _dtype(j)))
-        return te.sum(x[(*idx[:-1], k)] * bp[panel, k, lane], axis=k)
+        b = bp[panel, k, lane]
+        if str(bp.dtype) != "float32":
+            kb = tirx.floordiv(k.var, tirx.const(block or 1, _dtype(k.var)))
+            b = b.astype("float32")
+            if zp is not None:
+                b = b - (zp[panel, lane] if len(zp.shape) == 2 else zp[panel, kb, lane])
+            if scale is not None:
+                b = b * scale[panel, kb, lane]
+        return te.sum(x[(*idx[:-1], k)] * b, axis=k)
 
     return te.compute((*x.shape[:-1], tirx.const(n, "int64")), value, name=PACKED_GEMM)
 
@@ -259,14 +279,20 @@ def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
 
 @relax.expr_functor.mutator
 class _Packer(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, params: CpuParams, convs: bool):
+    def __init__(self, mod: tvm.IRModule, params: CpuParams, convs: bool,
+                 quantized_only: bool):
         super().__init__(mod)
         self.params = params
-        self.convs = convs
+        self.convs = convs and not quantized_only
+        self.quantized_only = quantized_only
         self.packed = 0
 
-    def _constant_weight(self, expr) -> tuple[relax.Expr | None, bool]:
-        """(the 2-D float32 constant, transposed) behind ``expr``, or (None, False)."""
+    def _bound(self, var):
+        return self.lookup_binding(var)
+
+    def _constant_weight(self, expr) -> tuple[relax.Expr | QuantizedWeight | None, bool]:
+        """(the 2-D float32 constant or per-channel quantized weight, transposed) behind
+        ``expr``, or (None, False)."""
         if isinstance(expr, tvm.ir.Var):
             bound = self.lookup_binding(expr)
             if bound is not None:
@@ -281,6 +307,9 @@ class _Packer(relax.PyExprMutator):
             if isinstance(expr, tvm.ir.Var):
                 bound = self.lookup_binding(expr)
                 expr = expr if bound is None else bound
+        quantized = quantized_weight(expr, transposed, self._bound)
+        if quantized is not None:
+            return quantized, transposed
         if not isinstance(expr, GenericConst):
             return None, False
         shape = [int(s) for s in expr.ty.shape]
@@ -345,28 +374,48 @@ class _Packer(relax.PyExprMutator):
         weight, transposed = self._constant_weight(b)
         if weight is None:
             return call
-        rows, cols = (int(s) for s in weight.ty.shape)
+        quantized = isinstance(weight, QuantizedWeight)
+        if self.quantized_only and not quantized:
+            return call
+        data = weight.q if quantized else weight.value.numpy()
+        rows, cols = data.shape
         n, k = (rows, cols) if transposed else (cols, rows)
         x_k = x_ty.shape[-1]
         if not isinstance(x_k, tirx.IntImm) or int(x_k) != k:
             return call
         nr = panel_width(n, self.params)
-        bp = relax.const(pack_weight(weight.value.numpy(), nr, transposed))
+        bp = relax.const(pack_weight(data, nr, transposed))
         self.packed += 1
-        return self.builder_.call_te(packed_matmul, x, bp, n, primfunc_name_hint=PACKED_GEMM)
+        if not quantized:
+            return self.builder_.call_te(packed_matmul, x, bp, n,
+                                         primfunc_name_hint=PACKED_GEMM)
+        # integers packed as they are; the per-channel scale after the K loop, an
+        # elementwise epilogue that fuses into the GEMM's store (layout/weight_quant.py)
+        zp = (None if weight.zero_point is None
+              else relax.const(pack_columns(weight.zero_point, nr)))
+        if weight.block:  # block-wise: each block's scale inside the sum
+            return self.builder_.call_te(
+                packed_matmul, x, bp, n, zp, relax.const(pack_columns(weight.scale, nr)),
+                weight.block, primfunc_name_hint=PACKED_GEMM)
+        acc = self.builder_.emit(self.builder_.call_te(
+            packed_matmul, x, bp, n, zp, primfunc_name_hint=PACKED_GEMM))
+        return relax.op.multiply(acc, relax.const(weight.scale))
 
 
 def PackMatmulWeights(target: tvm.target.Target,  # noqa: N802 (a pass)
-                      convs: bool = True) -> tvm.transform.Pass:
+                      convs: bool = True,
+                      quantized_only: bool = False) -> tvm.transform.Pass:
     """Pack constant matmul weights into GEMM panels on ``llvm`` targets (other targets are
     left alone): one packed constant per weight. With ``convs``, dense NCHW convs with a
-    constant weight become the packed GEMM too (:func:`conv2d_gemm`)."""
+    constant weight become the packed GEMM too (:func:`conv2d_gemm`). ``quantized_only``:
+    only the weight-only quantized matmul weights (run before anything that folds constants;
+    no convs)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.PackMatmulWeights")
     def _pack(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if target.kind.name != "llvm":
             return mod
-        packer = _Packer(mod, cpu_params(target), convs)
+        packer = _Packer(mod, cpu_params(target), convs, quantized_only)
         changed = False
         for gvar, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):

@@ -227,7 +227,8 @@ def _candidate(ecg: ECG, facts: _Facts, pv: int):
     if roles is None:
         return None
     casts, p = [], _input_node(ecg, pv, roles.row_input)
-    while p is not None and not facts.softmax(p) and facts.cast(p) and len(casts) < 2:
+    while p is not None and not facts.softmax(p) and len(casts) < _MAX_PROB_STEPS and (
+            facts.cast(p) or _batch_view(ecg, p)):
         casts.append(p)
         p = _input_node(ecg, p, 0)
     if p is None or not facts.softmax(p):
@@ -272,6 +273,25 @@ def _candidate(ecg: ECG, facts: _Facts, pv: int):
     if opaque:
         return cand, (RejectReason.OPAQUE, f"{nodes[opaque[0]].describe()} is opaque")
     return cand, None
+
+
+_MAX_PROB_STEPS = 4  # casts and views between the softmax and P·V (bmm: broadcast, reshape)
+
+
+def _batch_view(ecg: ECG, index: int) -> bool:
+    """A data-movement operator that leaves the probabilities' elements and rows alone: a
+    broadcast to the same shape or a reshape that keeps the key axis (torch.export's ``bmm``
+    puts ``broadcast_to`` and ``(1, heads, s, s) → (heads, s, s)`` between the softmax and
+    ``P·V``). The fused TIR is matched exactly: this only lets the walk reach the softmax."""
+    node = ecg.nodes[index]
+    src = _input_node(ecg, index, 0)
+    if (src is None or not node.fusible or node.flops != 0 or len(node.preds) != 1
+            or node.mapping_type not in (MappingType.ONE_TO_ONE, MappingType.REORGANIZE)):
+        return False
+    out, inp = node.out_shapes[0] if node.out_shapes else None, ecg.nodes[src].out_shapes
+    inp = inp[0] if inp else None
+    return (out is not None and inp is not None and len(out) >= 2 and len(inp) >= 2
+            and _numel(out) == _numel(inp) and tuple(out[-1:]) == tuple(inp[-1:]))
 
 
 def _score_chain(ecg: ECG, facts: _Facts, start: int, score_numel: int):

@@ -24,6 +24,22 @@ stages computed once at its root was tried and measured slower than the split (`
 of 64×768 rows: 1.4-3.6× ONNX Runtime's time in one kernel, 0.7× split), because the stages left
 at the root lose the row schedule's vectorised statistics.
 
+**Memory.** A kernel whose schedule keeps a whole intermediate in a buffer of its own (a
+GEMM's result that a SwiGLU epilogue reads at two column offsets, so no output tile has its
+inputs in one GEMM tile) saves no traffic on it: the intermediate is written and read back as
+it would be between two kernels. It costs memory, though: a kernel's workspace is allocated
+beside the planned storage, which TVM's ``StaticPlanBlockMemory`` cannot reuse for it, where
+the same tensor between two kernels takes a planned token that dead tensors left (the Llama
+decoder layer's merged gate/up GEMM: 1.41 MB of workspace on top of the plan, above stock
+FuseOps' whole plan, before the rewriter stopped merging SwiGLU's projections). Such a kernel
+is planned again as two blocks, the producer of the kept buffer
+with its ancestors in the block, and the rest (:class:`MemoryDecision`, recorded with
+:attr:`~.rejection.RejectReason.KEPT_INTERMEDIATE`); a buffer the schedule shrank to a tile
+or a row is fusion working as meant and stays. This split is opt-in (``split_kept``, option
+``guard_kept_intermediates``): on the zoo it saved nothing that the storage re-packing and the
+rewriter's SwiGLU precondition had not already saved, raised YOLOv8-n's plan (6.68 → 6.88 MB)
+and measured 1.09x MobileBERT's time (under heavy load: not conclusive).
+
 An ``oracle`` (the profiling database's, ``tuning/oracle.py``) may answer with measured times
 instead, through ``guard_times(fused, parts)``; the estimate is the default (no oracle of the
 project has that method yet: the hook is where a measurement fits).
@@ -36,15 +52,18 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
+from tvm.s_tir import SBlock
 
 from ..instrument import emit
 from ..tir_schedules.fused_block import ScheduleFusedBlocks
+from ..tir_schedules.records import KEPT_ATTR
 from ..tir_schedules.work import executed_work, recomputed_blocks
+from ..tir_utils import compact_buffers, find_all, shape_numel
 from .grouping import primitive_callees
 from .plan_fusion import ModulePlan, PlanFusion, apply_plan
 from .rejection import Rejection, RejectReason
 
-__all__ = ["FusionGuard", "GuardDecision", "judge_kernel"]
+__all__ = ["FusionGuard", "GuardDecision", "MemoryDecision", "judge_kernel", "whole_kept_buffers"]
 
 # A fused kernel may cost this much more than its parts before it is split: the estimate counts
 # scalar operations, and a schedule adds a little (partial sums, tile remainders).
@@ -64,6 +83,44 @@ class GuardDecision:
     def describe(self) -> str:
         return (f"{self.function}: split into {len(self.operators)} kernels "
                 f"({' + '.join(self.operators)}): {self.detail}")
+
+
+@dataclass(frozen=True)
+class MemoryDecision:
+    """One kernel the guard split in two because it kept a whole intermediate."""
+
+    function: str  # the fused PrimFunc
+    operators: tuple[str, ...]  # its parts, by PrimFunc name
+    producer: str  # the part whose result the kernel kept whole
+    buffer: str  # the kept buffer
+    nbytes: int
+
+    def describe(self) -> str:
+        return (f"{self.function}: split after {self.producer}: the kernel kept its whole "
+                f"result {self.buffer!r} ({self.nbytes:,} B) as workspace beside the planned "
+                f"storage, saving no traffic")
+
+
+def whole_kept_buffers(fused: tirx.PrimFunc) -> dict[str, tuple[tuple[int, ...], str, int]]:
+    """The buffers a scheduled kernel keeps (its ``tvm_fusion.kept_buffers``) that TVM's buffer
+    compaction does not shrink: name -> (shape, dtype, bytes). Static shapes only."""
+    kept = fused.attrs.get(KEPT_ATTR) if fused.attrs is not None else None
+    if not kept:
+        return {}
+    names = {str(k) for k in kept}
+    compacted = {}
+    for block in find_all(compact_buffers(fused).body, SBlock):
+        for buf in block.alloc_buffers:
+            compacted[buf.name] = shape_numel(buf.shape)
+    whole = {}
+    for block in find_all(fused.body, SBlock):
+        for buf in block.alloc_buffers:
+            numel = shape_numel(buf.shape)
+            if (buf.name in names and numel is not None and buf.scope() in ("global", "")
+                    and compacted.get(buf.name) == numel):
+                size = numel * ((buf.dtype.bits * buf.dtype.lanes + 7) // 8)
+                whole[buf.name] = (tuple(int(d) for d in buf.shape), str(buf.dtype), size)
+    return whole
 
 
 def judge_kernel(fused: tirx.PrimFunc, parts: list[tirx.PrimFunc], flops_per_byte: float,
@@ -107,15 +164,20 @@ class FusionGuard:
     oracle
         Optional: ``oracle.guard_times(fused, parts) -> (fused_s, apart_s) | None`` answers
         with measurements where it has them.
+    split_kept
+        Also split kernels that keep a whole intermediate (:class:`MemoryDecision`; option
+        ``guard_kept_intermediates``, off by default).
     """
 
     def __init__(self, planner: PlanFusion, schedule: ScheduleFusedBlocks | None = None,
-                 flops_per_byte: float = 10.0, margin: float = DEFAULT_MARGIN, oracle=None):
+                 flops_per_byte: float = 10.0, margin: float = DEFAULT_MARGIN, oracle=None,
+                 split_kept: bool = False):
         self.planner = planner
         self.schedule = schedule
         self.flops_per_byte = float(flops_per_byte)
         self.margin = float(margin)
         self.oracle = oracle
+        self.split_kept = bool(split_kept)
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         mod, module_plan = self.planner.plan(mod)
@@ -123,9 +185,13 @@ class FusionGuard:
         fused = relax.transform.FuseTIR()(grouped)
         built = self._schedule(fused)
         decisions = self._judge(grouped, built)
-        if decisions:
-            module_plan.guard = decisions
+        losing = {d.function for d in decisions}
+        memory = [d for d in self._kept_whole(grouped, built)
+                  if d.function not in losing] if self.split_kept else []
+        if decisions or memory:
+            module_plan.guard = decisions + memory
             _split(module_plan, decisions)
+            _split_after(module_plan, memory)
             grouped = apply_plan(mod, module_plan)
             refused = relax.transform.FuseTIR()(grouped)
             built = self._schedule(_reuse(refused, fused, built))
@@ -137,16 +203,9 @@ class FusionGuard:
 
     def _judge(self, grouped: tvm.IRModule, built: tvm.IRModule) -> list[GuardDecision]:
         decisions = []
-        for name, callees in primitive_callees(grouped).items():
-            if len(callees) < 2:
-                continue
-            try:
-                fused = built[name]
-            except (ValueError, KeyError, tvm.error.TVMError):
-                continue
+        for name, callees, fused in _fused_kernels(grouped, built):
             parts = [grouped[c] for c in callees]
-            if not isinstance(fused, tirx.PrimFunc) or not all(
-                    isinstance(p, tirx.PrimFunc) for p in parts):
+            if not all(isinstance(p, tirx.PrimFunc) for p in parts):
                 continue
             loses, mine, apart, detail = judge_kernel(fused, parts, self.flops_per_byte,
                                                       self.margin)
@@ -159,9 +218,36 @@ class FusionGuard:
                 decisions.append(GuardDecision(name, callees, mine, apart, detail))
         return decisions
 
+    def _kept_whole(self, grouped: tvm.IRModule, built: tvm.IRModule) -> list[MemoryDecision]:
+        """Kernels keeping a whole intermediate: the part that produced it, found by its
+        output buffer (FuseTIR names the intermediate ``<output>_intermediate``) and shape."""
+        decisions = []
+        for name, callees, fused in _fused_kernels(grouped, built):
+            for buffer, (shape, dtype, nbytes) in whole_kept_buffers(fused).items():
+                producers = {c for c in set(callees) if _produces(grouped[c], buffer, shape,
+                                                                   dtype)}
+                if len(producers) == 1:
+                    decisions.append(MemoryDecision(name, tuple(callees), producers.pop(), buffer,
+                                                    nbytes))
+                    break  # one split per kernel and round
+        return decisions
+
     def _measured(self, fused, parts):
         times = getattr(self.oracle, "guard_times", None)
         return times(fused, parts) if times is not None else None
+
+
+def _fused_kernels(grouped: tvm.IRModule, built: tvm.IRModule):
+    """(name, callees, fused PrimFunc) of every kernel built from two or more operators."""
+    for name, callees in primitive_callees(grouped).items():
+        if len(callees) < 2:
+            continue
+        try:
+            fused = built[name]
+        except (ValueError, KeyError, tvm.error.TVMError):
+            continue
+        if isinstance(fused, tirx.PrimFunc):
+            yield name, callees, fused
 
 
 def _split(module_plan: ModulePlan, decisions: list[GuardDecision]) -> None:
@@ -185,6 +271,60 @@ def _split(module_plan: ModulePlan, decisions: list[GuardDecision]) -> None:
                         plan.rejections.append(Rejection(
                             node.describe(), plan.ecg.nodes[s].describe(),
                             RejectReason.FUSION_LOSES, f"{decision.function}: {decision.detail}"))
+        plan.blocks = blocks
+
+
+def _produces(part, buffer: str, shape: tuple, dtype: str) -> bool:
+    """Whether ``buffer`` of a fused kernel is ``part``'s result, by FuseTIR's naming."""
+    if not isinstance(part, tirx.PrimFunc) or not part.params:
+        return False
+    out = part.params[-1]
+    if getattr(out.ty, "shape", None) is None:
+        return False
+    stem = f"{out.name}_intermediate"
+    named = buffer == stem or (buffer.startswith(stem + "_") and buffer[len(stem) + 1:].isdigit())
+    return (named and str(out.dtype) == dtype
+            and tuple(int(d) for d in out.shape) == shape)
+
+
+def _split_after(module_plan: ModulePlan, decisions: list[MemoryDecision]) -> None:
+    """Every planned block of a kernel that kept a whole intermediate becomes two: the
+    intermediate's producer with its ancestors in the block, then the rest (edges only run
+    from the first to the second, so both stay convex); each pair across is recorded."""
+    kept = {tuple(sorted(d.operators)): d for d in decisions}
+    for plan in module_plan.plans.values():
+        blocks = []
+        for block in plan.blocks:
+            ops = tuple(sorted(plan.ecg.nodes[i].op_name for i in block.members))
+            decision = kept.get(ops) if len(block.members) > 1 else None
+            producer = None
+            if decision is not None:
+                found = [m for m in block.members
+                         if plan.ecg.nodes[m].op_name == decision.producer]
+                producer = found[0] if len(found) == 1 else None
+            if producer is None:
+                blocks.append(block)
+                continue
+            members = set(block.members)
+            first, todo = {producer}, [producer]
+            while todo:
+                for p in plan.ecg.nodes[todo.pop()].preds:
+                    if p in members and p not in first:
+                        first.add(p)
+                        todo.append(p)
+            second = [m for m in block.members if m not in first]
+            if not second:
+                blocks.append(block)
+                continue
+            for part in ([m for m in block.members if m in first], second):
+                kind = max(plan.ecg.nodes[m].mapping_type for m in part)
+                blocks.append(type(block)(part, kind, part[0]))
+            for m in first:
+                for s in plan.ecg.nodes[m].succs:
+                    if s in members and s not in first:
+                        plan.rejections.append(Rejection(
+                            plan.ecg.nodes[m].describe(), plan.ecg.nodes[s].describe(),
+                            RejectReason.KEPT_INTERMEDIATE, decision.describe()))
         plan.blocks = blocks
 
 

@@ -30,6 +30,7 @@ class RejectReason(str, enum.Enum):
     SCORES_ESCAPE = "scores_escape"  # attention: the scores/probabilities are read outside
     ATTENTION_TEMPLATE = "attention_template"  # attention: the template refuses the fused code
     FUSION_LOSES = "fusion_loses"  # the fusion guard: the scheduled kernel does more than its parts
+    KEPT_INTERMEDIATE = "kept_intermediate"  # the guard: the kernel kept a whole intermediate
 
 
 def describe(reason: RejectReason | str, detail: str) -> str:

@@ -131,12 +131,42 @@ def loads_of(expr, buffer) -> list:
 def simplify_loads(expr, ana: sym.Analyzer, ranges: dict | None = None):
     """``expr`` with every load index simplified (the value arithmetic is left alone); with
     ``ranges`` (variable → extent) a reshape's flatten-then-split is cancelled too
-    (:func:`simplify_index`)."""
+    (:func:`simplify_index`), in load indices and in the integer divisions of iterators a
+    mask compares (``i < j`` read through a batch reshape of the scores)."""
 
     def simplify(ld):
         return tirx.BufferLoad(ld.source, [simplify_index(ix, ana, ranges) for ix in ld.indices])
 
-    return tvm_ffi.structural_map(expr, [(TensorLoad, simplify)])
+    def index_arith(e):
+        return simplify_index(e, ana, ranges) if str(e.ty).startswith("int") else e
+
+    def branches(e):
+        # each branch of a choice simplified knowing which way the condition went: RoPE's
+        # rotate-half reads ``x[(kd - 16) // 128 + i) % seq, …]`` only where ``kd >= 16``,
+        # so the division is 0 and the row is ``i`` (else a division by ``seq`` per element)
+        cond, yes, no = ((e.condition, e.true_value, e.false_value)
+                         if isinstance(e, tirx.Select) else tuple(e.args))
+        if buffer_loads(cond):
+            return e
+        with ana.constraint_scope(cond):
+            yes = simplify_loads(yes, ana, ranges)
+        with ana.constraint_scope(ana.simplify(tirx.Not(cond))):
+            no = simplify_loads(no, ana, ranges)
+        if isinstance(e, tirx.Select):
+            return tirx.Select(cond, yes, no)
+        return tirx.if_then_else(cond, yes, no)
+
+    def choice(e):
+        if isinstance(e, tirx.Select) or (isinstance(e.op, tvm.ir.Op)
+                                          and e.op.name.endswith("if_then_else")):
+            return branches(e)
+        return e
+
+    rules = [(TensorLoad, simplify)]
+    if ranges:
+        rules.append(((tirx.FloorDiv, tirx.FloorMod), index_arith))
+    expr = tvm_ffi.structural_map(expr, rules)
+    return tvm_ffi.structural_map(expr, [((tirx.Select, tvm.ir.Call), choice)])
 
 
 def simplify_index(expr, ana: sym.Analyzer, ranges: dict | None = None):

@@ -37,7 +37,10 @@ from ..tir_utils import buffer_loads, buffer_stores, const_int, find_all, iter_s
 from .analysis import param_names, root_block, stride_in_last_dim, written_only_before
 from .cpu_target import CpuParams
 from .cpu_tile import PACKED_GEMM_STAGE, fold_epilogue_chain
-from .gemm_template import Blocking, Gemm, emit_gemm, parallel_plan
+from .gemm_template import STREAM_ROW_TILES, Blocking, Gemm, emit_gemm, parallel_plan
+
+# Integer weight types the packed GEMM widens in registers (layout/weight_quant.py packs them)
+WEIGHT_DTYPES = ("int8", "uint8")
 
 _I0 = tirx.const(0, "int64")
 _ITER_SPATIAL = 0
@@ -53,9 +56,30 @@ class PackedGemm:
     k: tvm.ir.Var
     extents: dict  # iter var name -> extent (PrimExpr)
     x: tvm.ir.Expr  # the A operand: any expression of rows and k
-    bp: tvm.ir.Var  # the packed weight buffer
+    bp: tvm.ir.Var  # the packed weight buffer (float32, or integers widened as read)
     acc: tvm.ir.Var  # the buffer the block accumulates into
     nr: int
+    # an integer weight's zero points and block scales (float32): per column [⌈N/NR⌉, NR],
+    # or per block of ``block`` k and column [⌈N/NR⌉, ⌈K/block⌉, NR]
+    zp: tvm.ir.Var | None = None
+    scale: tvm.ir.Var | None = None
+    block: int = 0
+
+    def load_b(self, panel, k, col) -> tvm.ir.Expr:
+        """B at k, column ``col`` of ``panel``: an integer weight widened to float32 in
+        registers, less its zero point, times its block's scale (a weight-only quantized
+        GEMM; a per-column scale is the epilogue's)."""
+        value = tirx.BufferLoad(self.bp, [panel, k, col])
+        if str(self.bp.ty.dtype) == "float32":
+            return value
+        kb = tirx.floordiv(k, tirx.const(self.block or 1, "int64"))
+        value = tirx.Cast("float32", value)
+        if self.zp is not None:
+            at = [panel, col] if len(self.zp.shape) == 2 else [panel, kb, col]
+            value = value - tirx.BufferLoad(self.zp, at)
+        if self.scale is not None:
+            value = value * tirx.BufferLoad(self.scale, [panel, kb, col])
+        return value
 
 
 @dataclass
@@ -87,7 +111,8 @@ def match_packed_gemm(block: SBlock) -> PackedGemm | None:
     if not isinstance(product, tirx.Mul):
         return None
     j, k = spatial[-1].var, reduce[0].var
-    for x, bp in ((product.a, product.b), (product.b, product.a)):
+    for x, b in ((product.a, product.b), (product.b, product.a)):
+        bp, zp, scale, kb_size = _widened(b, j, k)
         nr = _packed_read(bp, j, k)
         if nr is not None and not _reads(x, bp.source) and not _reads(x, store.buffer):
             extents = {iv.var.name: iv.dom.extent for iv in block.iter_vars}
@@ -95,9 +120,59 @@ def match_packed_gemm(block: SBlock) -> PackedGemm | None:
             shape = [const_int(d) for d in bp.source.shape]
             if n is None or kk is None or shape != [-(-n // nr), kk, nr]:
                 return None
+            if kb_size and const_int(scale.shape[1]) != -(-kk // kb_size):
+                return None
             return PackedGemm([iv.var for iv in spatial[:-1]], j, k, extents, x, bp.source,
-                              store.buffer, nr)
+                              store.buffer, nr, zp, scale, kb_size)
     return None
+
+
+def _widened(expr, j, k) -> tuple:
+    """(the packed load, zero-point buffer, block-scale buffer, block) of B's value: the load
+    itself (a float32 B), or the weight-only quantized form of ``packed_matmul``
+    (``layout/gemm_pack.py``): an integer load cast to float32, less ``Zp[j // NR, j % NR]``
+    (or ``Zp[j // NR, k // KB, j % NR]``), times ``S[j // NR, k // KB, j % NR]`` for a
+    block-wise weight."""
+    none = (None, None, None, 0)
+    scale, block = None, 0
+    if isinstance(expr, tirx.Mul) and isinstance(expr.b, TensorLoad):
+        block = _block_of(expr.b.indices, j, k)
+        if not block:
+            return none
+        scale, expr = expr.b.source, expr.a
+    zp = None
+    if isinstance(expr, tirx.Sub) and isinstance(expr.b, TensorLoad):
+        indices = expr.b.indices
+        if not (len(indices) == 2 and _is_column(indices, j)) and \
+                not (scale is not None and _block_of(indices, j, k) == block):
+            return none
+        zp, expr = expr.b.source, expr.a
+    if isinstance(expr, tirx.Cast) and str(expr.ty) == "float32" \
+            and isinstance(expr.value, TensorLoad) \
+            and str(expr.value.source.ty.dtype) in WEIGHT_DTYPES:
+        return expr.value, zp, scale, block
+    if zp is None and scale is None and isinstance(expr, TensorLoad) \
+            and str(expr.source.ty.dtype) == "float32":
+        return expr, None, None, 0
+    return none
+
+
+def _is_column(indices, j) -> bool:
+    """``[j // NR, j % NR]``: one value per column of the packed panels."""
+    panel, lane = indices
+    return (isinstance(panel, tirx.FloorDiv) and isinstance(lane, tirx.FloorMod)
+            and _is_var(panel.a, j) and _is_var(lane.a, j))
+
+
+def _block_of(indices, j, k) -> int:
+    """KB when ``indices`` are ``[j // NR, k // KB, j % NR]`` (a value per block of KB k and
+    per column), else 0."""
+    if len(indices) != 3 or not _is_column([indices[0], indices[2]], j):
+        return 0
+    kb = indices[1]
+    if not (isinstance(kb, tirx.FloorDiv) and _is_var(kb.a, k)):
+        return 0
+    return const_int(kb.b) or 0
 
 
 def _is_load_of(expr, buffer, indices) -> bool:
@@ -334,7 +409,11 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         mapping = at(m, jj)
         return store.buffer, [_substitute(i, mapping) for i in store.indices]
 
-    mr, _ = params.gemm_tile(match.nr)
+    b_bytes = tvm.DataType(str(match.bp.ty.dtype)).bits // 8
+    mr, _ = params.gemm_tile(match.nr, widened=b_bytes != 4,
+                             block_scales=match.scale is not None)
+    # float32 B's cache blocks also for an 8-bit B: beyond the streaming rows, each K×NC
+    # block of it is converted once into a float32 block (gemm_template's staged B)
     kc, nc = params.gemm_blocks(mr, match.nr)
     blocking = Blocking(mr, match.nr, params.lanes, kc, max(nc, match.nr))
     pack_b = None
@@ -345,9 +424,14 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         def pack_b(panel, kk, lane):
             return _substitute(store_p.value, bind(zip(ivs, (panel, kk, lane))))
     spec = Gemm(const_int(rows) if const_int(rows) is not None else rows, n, k, load_a,
-                match.bp, partial_at, final, pack_b)
+                match.load_b, partial_at, final, widened=b_bytes != 4, pack_b=pack_b)
     nest = emit_gemm(spec, blocking, params.cores)
-    note = (f"{blocking.describe()}; {parallel_plan(n, blocking, params.cores)[0]}"
+    widened = "" if b_bytes == 4 else (
+        f"; {match.bp.ty.dtype} weights widened in registers (converted once per B block "
+        f"beyond {STREAM_ROW_TILES * mr} rows)")
+    if match.scale is not None:
+        widened += f", scaled per block of {match.block} k"
+    note = (f"{blocking.describe()}{widened}; {parallel_plan(n, blocking, params.cores)[0]}"
             + ("; A copied row-major first" if prologue else "")
             + (f"; B packed per block from {packer.name_hint!r}" if packer is not None else ""))
     return tirx.SeqStmt([*prologue, nest]) if prologue else nest, note
@@ -384,5 +468,5 @@ def has_packed_gemm(func: tirx.PrimFunc) -> bool:
     return any(match_packed_gemm(b) is not None for b in iter_sblocks(func))
 
 
-__all__ = ["GemmSite", "PackedGemm", "emit_packed_gemms", "has_packed_gemm",
+__all__ = ["WEIGHT_DTYPES", "GemmSite", "PackedGemm", "emit_packed_gemms", "has_packed_gemm",
            "match_packed_gemm", "prepare_packed_gemms"]

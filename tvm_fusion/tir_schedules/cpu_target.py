@@ -63,6 +63,11 @@ DEFAULT_CACHES = (Cache(32 * KIB, 8), Cache(512 * KIB, 8))
 # Zen 3: 4×24 90 % of peak, 6×16 84 %, 3×32 (17 registers: spills) 62 %.
 GEMM_TILES = {"avx512": (12, 32), "avx2": (4, 24), "avx": (4, 24), "sse": (4, 12),
               "neon": (8, 12), "generic": (4, 12)}
+# Registers per B vector that widening an 8-bit weight to float32 needs beside it: none where
+# one instruction loads and sign-extends into the B register (x86 ``vpmovsxbd``/``pmovsxbd``),
+# two where it goes 8 → 16 → 32 bits in steps (NEON ``sxtl``; SSE2's unpacks). Checked in the
+# asm: the AArch64 8×12 tile spilled with int8 weights, 7×12 did not.
+WIDENING_TEMPS = {"neon": 2, "sse": 2, "generic": 2}
 
 
 @dataclass(frozen=True)
@@ -96,15 +101,22 @@ class CpuParams:
             return self
         return replace(self, lanes=lanes, registers=registers)
 
-    def gemm_tile(self, nr: int | None = None) -> tuple[int, int]:
+    def gemm_tile(self, nr: int | None = None, widened: bool = False,
+                  block_scales: bool = False) -> tuple[int, int]:
         """(MR, NR) of the GEMM micro-kernel; with ``nr`` (a narrower packed panel, for an N
-        below the ISA's NR) the rows that fit the registers beside it."""
+        below the ISA's NR) the rows that fit the registers beside it. ``widened``: B is an
+        8-bit weight widened in registers (:data:`WIDENING_TEMPS` more per B vector), with
+        ``block_scales`` one scale vector per B vector too (a block-wise weight): fewer rows
+        where the accumulators would otherwise spill (AVX2 block-wise: 3×24)."""
         mr, wide = GEMM_TILES.get(self.isa, GEMM_TILES["generic"])
-        if nr is None or nr == wide:
-            return mr, wide
-        vectors = max(1, nr // self.lanes)
-        fit = (self.vector_registers - vectors - 1) // vectors
-        return max(1, min(fit, -(-2 * self.fma_chains // vectors))), nr
+        vectors = max(1, (nr or wide) // self.lanes)
+        if nr is not None and nr != wide:
+            fit = (self.vector_registers - vectors - 1) // vectors
+            mr = max(1, min(fit, -(-2 * self.fma_chains // vectors)))
+        if widened:
+            per_b = 1 + WIDENING_TEMPS.get(self.isa, 0) + int(block_scales)
+            mr = max(1, min(mr, (self.vector_registers - 1 - vectors * per_b) // vectors))
+        return mr, nr or wide
 
     def gemm_blocks(self, mr: int, nr: int) -> tuple[int, int]:
         """(KC, NC) for MLAS's loop order: the A sliver MR×KC and a B micro-panel KC×NR fill

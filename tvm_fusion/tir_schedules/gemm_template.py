@@ -22,6 +22,12 @@ is a shorter trip count of the (not unrolled) k loop.
 
 M = 1 (a GEMV, bandwidth-bound) streams the packed B once, panel after panel, over all of K.
 
+An 8-bit B (a weight-only quantized weight, ``Gemm.widened``) is widened to float32 as the
+micro-kernel reads it while few row tiles stream B; with more rows each KC×NC block of B is
+first converted once into a float32 block, and the float32 micro-kernel reads that for every
+row tile (the conversion, like MLAS's copy of a B block, is then paid once per block, not
+once per row tile).
+
 The template is plain TIR (loops, no sblocks): schedule primitives could not keep a register
 accumulator across an outer K-block loop (the note, §4).
 """
@@ -43,6 +49,9 @@ STREAM_ROW_TILES = 4
 
 # A load of A at (row, k).
 LoadA = Callable[[tvm.ir.Expr, tvm.ir.Expr], tvm.ir.Expr]
+# B's float32 value at (panel, k, column of the panel): a load of the packed panel, or an
+# integer weight's load widened in registers.
+LoadB = Callable[[tvm.ir.Expr, tvm.ir.Expr, tvm.ir.Expr], tvm.ir.Expr]
 # Where the running sum of C[row, col] is kept between K blocks: (buffer, indices).
 PartialAt = Callable[[tvm.ir.Expr, tvm.ir.Expr], tuple]
 # The final store of C[row, col] = value, with the epilogue applied.
@@ -69,15 +78,20 @@ class Blocking:
 @dataclass
 class Gemm:
     """What the nest computes: ``rows`` (M with any batch dimensions folded in; may be
-    symbolic) × ``n`` × ``k``, A read through ``load_a``, the packed B, and where C goes."""
+    symbolic) × ``n`` × ``k``, A read through ``load_a``, the packed B through ``load_b``,
+    and where C goes."""
 
     rows: tvm.ir.Expr
     n: int
     k: int
     load_a: LoadA
-    bp: tvm.ir.Var  # the packed B buffer, [⌈n/NR⌉, k, NR]
+    load_b: LoadB  # reads the packed B, [⌈n/NR⌉, k, NR]
     partial_at: PartialAt
     store: StoreC
+    # B is converted as it is read (an 8-bit weight widened to float32): beyond the streaming
+    # row tiles, each K×NC block of B is converted once into a float32 block that every row
+    # tile then reads, instead of being widened again for each
+    widened: bool = False
     # B computed, not a constant (a conv's im2col matrix): each KC × NC block of panels is
     # packed by the nest just before its micro-kernels read it (MLAS's order), into a
     # buffer that stays in L2, instead of the whole matrix going through memory first
@@ -114,6 +128,7 @@ class _Emitter:
         one_tile = _le(rows, blk.mr)
         self.k_blocks = 1 if blocks == 1 else _pick(one_tile, 1, blocks)
         self.kc = gemm.k if blocks == 1 else _pick(one_tile, gemm.k, size)
+        self.kc_block = gemm.k if blocks == 1 else size  # KC beyond one row tile
         # a few row tiles are bound by streaming B from memory: one panel per N block reads
         # it front to back; more rows reuse an NC-wide B block from L2 for the whole of M
         self.streaming = _le(rows, STREAM_ROW_TILES * blk.mr)
@@ -131,11 +146,13 @@ class _Emitter:
                      tirx.ForKind.UNROLLED)
 
     def tile(self, rows: int, row0, panel, cols: int, k0, klen, first, last,
-             b_at=None) -> tirx.Stmt:
+             load_b: LoadB | None = None) -> tirx.Stmt:
         """One MR'×NR tile of C: rows ``row0``.., panel ``panel`` (``cols`` of its NR columns
         are real), over ``klen`` values of k from ``k0``. ``first``/``last``: whether this is
-        the first/last K block (Python bools or runtime conditions)."""
+        the first/last K block (Python bools or runtime conditions). ``load_b``: where B is
+        read (the packed B by default)."""
         g, nr = self.g, self.b.nr
+        load_b = load_b or g.load_b
         acc = tirx.decl_buffer((rows, nr), _F32, "acc", scope="local")
         col0 = panel * nr
 
@@ -147,9 +164,9 @@ class _Emitter:
 
             def fma(r, c):
                 cur = tirx.BufferLoad(acc, [r, c])
-                b = b_at(panel, k, c) if b_at is not None else tirx.BufferLoad(
-                    g.bp, [panel, k, c])
-                return tirx.BufferStore(acc, cur + g.load_a(row0 + r, k) * b, [r, c])
+                return tirx.BufferStore(
+                    acc, cur + g.load_a(row0 + r, k) * load_b(panel, k, c),
+                    [r, c])
             return self._each(rows, fma)
 
         def total(r, c, add_partial: bool):
@@ -194,7 +211,7 @@ class _Emitter:
         return _seq([body, last if known == 1 else tirx.IfThenElse(odd == _i64(1), last, None)])
 
     # ---------------------------------------------------------------- the nests
-    def row_tails(self, kv, panel, cols: int, base, count, b_at=None) -> list:
+    def row_tails(self, kv, panel, cols: int, base, count, load_b=None) -> list:
         """Tiles for the last ``count mod MR`` rows of ``base``..``base + count``: one tile of
         2^i rows per bit of that tail (1 + 2 for 3 rows), each under a runtime test when
         ``count`` is symbolic."""
@@ -209,7 +226,7 @@ class _Emitter:
             if size >= mr or (known is not None and not (known // size) % 2):
                 continue
             before = tail - tirx.floormod(tail, _i64(2 * size))  # the rows of larger bits
-            stmt = self.tile(size, _simplify(start + before), panel, cols, *kv, b_at=b_at)
+            stmt = self.tile(size, _simplify(start + before), panel, cols, *kv, load_b)
             if known is None:
                 has = tirx.floormod(tirx.floordiv(tail, _i64(size)), _i64(2)) == _i64(1)
                 stmt = tirx.IfThenElse(has, stmt, None)
@@ -260,22 +277,49 @@ class _Emitter:
                 # 0.27's CompactBufferAllocation divided by zero bounding the input's region
                 pack = _loop("jr", const_int(panels_count) or most, pack_panel)
             tiles = _simplify(tirx.floordiv(count, _i64(mr)))
-            nests = [pack, _loop("ir", tiles, lambda ir: _loop("jr", panels_count, lambda jr: (
-                self.tile(mr, base + ir * mr, panels_from + jr, cols, *kv, b_at=b_at))))]
-            if self.row_tails(kv, panels_from, cols, base, count):
-                nests.append(_loop("jr", panels_count, lambda jr: _seq(
-                    self.row_tails(kv, panels_from + jr, cols, base, count, b_at=b_at))))
-            return _seq(nests) if packed is None else _seq([tirx.AllocBuffer(packed), *nests])
+
+            def nests(load_b):
+                out = [_loop("ir", tiles, lambda ir: _loop("jr", panels_count, lambda jr:
+                       self.tile(mr, base + ir * mr, panels_from + jr, cols, *kv, load_b)))]
+                if self.row_tails(kv, panels_from, cols, base, count):
+                    out.append(_loop("jr", panels_count, lambda jr: _seq(
+                        self.row_tails(kv, panels_from + jr, cols, base, count, load_b))))
+                return _seq(out)
+
+            if packed is not None:
+                return _seq([tirx.AllocBuffer(packed), pack, nests(b_at)])
+            if not self.g.widened or self.streaming is True:
+                return nests(None)
+            staged = self.staged(panels_from, panels_count, kv, nests)
+            return _choose(self.streaming, nests(None), staged)
 
         if isinstance(self.k_blocks, int) and self.k_blocks == 1:
             return over_k(None)
         return _loop("kc", self.k_blocks, over_k)
+
+    def staged(self, panels_from, panels_count, kv, nests) -> tirx.Stmt:
+        """The block's B (``panels_count`` panels × the K block) converted once into a float32
+        block, then ``nests`` reading it: every row tile reuses the conversion (MLAS's packed
+        B block, converted where MLAS copies)."""
+        k0, klen = kv[0], kv[1]
+        nr, lanes = self.b.nr, self.b.lanes
+        per = max(1, self.per_block)
+        block = tirx.decl_buffer((per, self.kc_block, nr), _F32, "b_block")
+        fill = _loop("jr", panels_count, lambda jr: _loop("kk", klen, lambda kk: _loop(
+            "jo", self.vectors, lambda jo: _loop("jv", lanes, lambda jv: tirx.BufferStore(
+                block, self.g.load_b(panels_from + jr, k0 + kk, jo * lanes + jv),
+                [jr, kk, jo * lanes + jv]), tirx.ForKind.VECTORIZED))))
+
+        def load_block(panel, k, c):
+            return tirx.BufferLoad(block, [panel - panels_from, k - k0, c])
+        return _seq([tirx.AllocBuffer(block), fill, nests(load_block)])
 
     def columns(self, base, count, per_block: int, parallel: bool) -> list:
         """Every panel of C for rows ``base``..``base + count``: blocks of ``per_block`` full
         panels (NC; one while streaming), in parallel when asked, then the zero-padded tail
         panel."""
         full_panels, tail_cols = divmod(self.g.n, self.b.nr)
+        self.per_block = min(per_block, max(full_panels, 1))
         nests = []
         if full_panels:
             per = _pick(self.streaming, 1, per_block)
@@ -360,4 +404,4 @@ def _ceildiv(n: int, d):
     return tirx.floordiv(_i64(n) + d - _i64(1), d)
 
 
-__all__ = ["Blocking", "Gemm", "emit_gemm", "parallel_plan"]
+__all__ = ["STREAM_ROW_TILES", "Blocking", "Gemm", "emit_gemm", "parallel_plan"]

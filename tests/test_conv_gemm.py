@@ -8,7 +8,7 @@ import tvm
 from conftest import TARGET
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_fusion.compile import compile_model, fuse, import_onnx, run
+from tvm_fusion.compile import compile_model, count_kernels, fuse, import_onnx, run
 from tvm_fusion.layout.gemm_pack import plan_conv_gemm
 from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.tir_schedules.cpu_target import cpu_params
@@ -124,3 +124,40 @@ def test_panels_hold_whole_output_rows(target, out_w):
     wide = plan_conv_gemm([1, 8, out_w, out_w], (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), params,
                           out_channels=out_w * out_w + 1)
     assert wide.positions_as_rows
+
+
+def squeeze_excite_model(channels: int, reduced: int, size: int):
+    """EfficientNet's squeeze-excite: a global average pool, a 1×1 conv + SiLU and a 1×1 conv
+    + sigmoid on the 1×1 map, the gate multiplied into the input."""
+    rng = np.random.default_rng(5)
+    consts = {"W1": (reduced, channels, 1, 1), "B1": (reduced,), "W2": (channels, reduced, 1, 1),
+              "B2": (channels,)}
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+             helper.make_node("Conv", ["p", "W1", "B1"], ["r"]),
+             helper.make_node("Sigmoid", ["r"], ["rs"]),
+             helper.make_node("Mul", ["r", "rs"], ["a"]),
+             helper.make_node("Conv", ["a", "W2", "B2"], ["e"]),
+             helper.make_node("Sigmoid", ["e"], ["g"]), helper.make_node("Mul", ["x", "g"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size,
+                                                                             size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(rng.standard_normal(s).astype("float32"), n)
+         for n, s in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("target", [TARGET, AVX2], ids=["llvm", "avx2"])
+def test_squeeze_excite_convs_on_one_position_stay_fused(target):
+    """The 1×1 convs of a squeeze-excite run on one position (M = 1 with the positions as
+    rows): one row tile, one thread. With two row ranges (the second empty) and every row-tail
+    tile under a runtime test, the fusion guard counted 17-117x the arithmetic of the parts and
+    split EfficientNet-B0's conv + SiLU kernels (117 kernels against stock's 100)."""
+    model = squeeze_excite_model(40, 10, 6)
+    mod = fuse(import_onnx(model), target)
+    notes = _schedule_notes(mod)
+    assert "one thread" in notes and "row ranges" not in notes, notes
+    assert count_kernels(mod) <= count_kernels(fuse(import_onnx(model), target, strategy="tvm"))
+    _check(model, target)

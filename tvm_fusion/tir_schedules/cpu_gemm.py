@@ -431,7 +431,8 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         f"beyond {STREAM_ROW_TILES * mr} rows)")
     if match.scale is not None:
         widened += f", scaled per block of {match.block} k"
-    note = (f"{blocking.describe()}{widened}; {parallel_plan(n, blocking, params.cores)[0]}"
+    threads = parallel_plan(n, blocking, params.cores, spec.rows)[0]
+    note = (f"{blocking.describe()}{widened}; {threads}"
             + ("; A copied row-major first" if prologue else "")
             + (f"; B packed per block from {packer.name_hint!r}" if packer is not None else ""))
     return tirx.SeqStmt([*prologue, nest]) if prologue else nest, note

@@ -279,8 +279,9 @@ class _Emitter:
             tiles = _simplify(tirx.floordiv(count, _i64(mr)))
 
             def nests(load_b):
-                out = [_loop("ir", tiles, lambda ir: _loop("jr", panels_count, lambda jr:
-                       self.tile(mr, base + ir * mr, panels_from + jr, cols, *kv, load_b)))]
+                out = [] if const_int(tiles) == 0 else [  # fewer rows than MR: tails only
+                    _loop("ir", tiles, lambda ir: _loop("jr", panels_count, lambda jr:
+                          self.tile(mr, base + ir * mr, panels_from + jr, cols, *kv, load_b)))]
                 if self.row_tails(kv, panels_from, cols, base, count):
                     out.append(_loop("jr", panels_count, lambda jr: _seq(
                         self.row_tails(kv, panels_from + jr, cols, base, count, load_b))))
@@ -351,18 +352,24 @@ def _simplify(expr):
     return sym.Analyzer().simplify(expr)
 
 
-def parallel_plan(n: int, blk: Blocking, cores: int) -> tuple[str, int]:
+def parallel_plan(n: int, blk: Blocking, cores: int, rows=None) -> tuple[str, int]:
     """How the nest uses ``cores`` threads, and the full panels per N block: N blocks in
     parallel when there are at least as many as cores (each block then at most 1/cores of N),
-    else row ranges in parallel (N of one or two panels), else one thread."""
+    else row ranges in parallel (N of one or two panels) when ``rows`` (M, when known) fill more
+    than one row tile, else one thread."""
     full_panels = n // blk.nr
     per_block = max(1, blk.nc // blk.nr)
+    known = const_int(rows) if rows is not None else None
     if cores <= 1:
         return "one thread", per_block
-    per_block = max(1, min(per_block, -(-full_panels // cores)))
-    if -(-full_panels // per_block) >= cores:
-        return "parallel N blocks", per_block
-    return "parallel row ranges", per_block
+    shared = max(1, min(per_block, -(-full_panels // cores)))
+    if -(-full_panels // shared) >= cores:
+        return "parallel N blocks", shared
+    if known is not None and known <= blk.mr:
+        # one row tile (a GEMV, a conv over one position): a second range would be empty,
+        # and its runtime-sized row tails would be emitted for nothing
+        return "one thread", per_block
+    return "parallel row ranges", shared
 
 
 def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
@@ -370,17 +377,20 @@ def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
     :func:`parallel_plan` says."""
     rows = _simplify(_i64(gemm.rows))
     em = _Emitter(gemm, blk, rows)
-    mode, per_block = parallel_plan(gemm.n, blk, cores)
+    mode, per_block = parallel_plan(gemm.n, blk, cores, rows)
     if mode != "parallel row ranges":
         return _seq(em.columns(_i64(0), rows, per_block, mode == "parallel N blocks"))
     chunk = _simplify(tirx.floordiv(rows + _i64(cores * blk.mr - 1), _i64(cores * blk.mr))
                       * _i64(blk.mr))
+    known, size = const_int(rows), const_int(chunk)
+    # M known: only the ranges that hold rows (13 rows in chunks of 6 on 4 cores: 3)
+    ranges = cores if known is None or not size else min(cores, -(-known // size))
 
     def rows_of(t):
         base = t * chunk
         count = tirx.max(_i64(0), tirx.min(chunk, rows - base))
         return _seq(em.columns(base, count, per_block, False))
-    return _loop("rows", cores, rows_of, tirx.ForKind.PARALLEL)
+    return _loop("rows", ranges, rows_of, tirx.ForKind.PARALLEL)
 
 
 def _le(rows, limit: int):

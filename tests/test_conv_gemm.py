@@ -62,6 +62,10 @@ CASES = {
     "multi-k-block": (40, 16, 8, 3, 1, 1),  # K = 360: two K blocks of packed panels
     "positions-as-rows": (16, 40, 5, 3, 1, 1),  # 25 positions < 40 channels
     "positions-as-rows-1x1-odd": (17, 33, 5, 1),
+    # stride 1 on the padded input's flat positions (ConvGemm.padded_flat)
+    "padded-flat-batch": (6, 24, 17, 3, 1, 1, 1, 1, 2),  # across two images
+    "padded-flat-5x5-batch": (6, 24, 25, 5, 1, 2, 1, 1, 2),
+    "padded-flat-dilated": (6, 24, 25, 3, 1, 2, 2),
 }
 
 
@@ -71,6 +75,12 @@ def test_conv_as_packed_gemm_matches_onnxruntime(name, target):
     model = conv_model(*CASES[name])
     notes = _schedule_notes(fuse(import_onnx(model), target))
     assert "packed GEMM" in notes, notes
+    if name.startswith("padded-flat"):
+        c_in, c_out, size, k, _, pad, *rest = CASES[name]
+        dilation, batch = (rest + [1, 1, 1])[0], (rest + [1, 1, 1])[2]
+        plan = plan_conv_gemm([batch, c_in, size, size], (k, k), (1, 1), (pad,) * 4,
+                              (dilation,) * 2, cpu_params(target), c_out)
+        assert plan.padded_flat, plan
     _check(model, target)
 
 
@@ -116,7 +126,9 @@ def test_gemm_followed_by_a_pool_in_one_kernel():
 @pytest.mark.parametrize("out_w", [7, 14, 28, 31, 56, 112])
 def test_panels_hold_whole_output_rows(target, out_w):
     params = cpu_params(target)
-    plan = plan_conv_gemm([1, 8, out_w, out_w], (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), params)
+    size = 2 * out_w  # stride 2: output rows padded to whole panels
+    plan = plan_conv_gemm([1, 8, size, size], (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), params)
+    assert not plan.padded_flat and plan.out_w == out_w
     assert plan.nr % params.lanes == 0 and plan.row % plan.nr == 0
     assert plan.row - out_w < plan.nr  # at most one partly used panel per row
     flat = plan_conv_gemm([2, 8, out_w, out_w], (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), params)
@@ -124,6 +136,22 @@ def test_panels_hold_whole_output_rows(target, out_w):
     wide = plan_conv_gemm([1, 8, out_w, out_w], (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), params,
                           out_channels=out_w * out_w + 1)
     assert wide.positions_as_rows
+
+
+@pytest.mark.parametrize("target", [AVX2, NEON], ids=["avx2", "neon"])
+@pytest.mark.parametrize("out_w", [7, 14, 28, 31, 56, 112])
+def test_stride_one_takes_the_fewer_columns(target, out_w):
+    """Stride 1: the padded input's flat positions (a row costs its padded width) or rows
+    padded to whole panels, whichever computes fewer panel columns."""
+    params = cpu_params(target)
+    plan = plan_conv_gemm([2, 8, out_w, out_w], (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), params)
+    panels = -(-plan.columns(2) // plan.nr) * plan.nr
+    by_rows = 2 * out_w * -(-out_w // plan.nr) * plan.nr
+    if plan.padded_flat:
+        assert plan.row == out_w + 2 and plan.image == (out_w + 2) ** 2
+        assert panels <= by_rows + plan.nr
+    if out_w == 56 and params.isa != "sse":  # 58 columns a row against 64
+        assert plan.padded_flat
 
 
 def squeeze_excite_model(channels: int, reduced: int, size: int):

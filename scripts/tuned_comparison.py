@@ -16,6 +16,7 @@ tuned (its default gives the whole budget to the first tasks).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
             zero = relax.get_pipeline("zero")(relax.transform.DecomposeOpsForInference()(mod))
             tasks = ms.relax_integration.extract_tasks(zero, target)
         per_task = max(1, args.trials // max(len(tasks), 1))
-        with target:
+        with target, _same_builder_as_ours(target):
             tuned_stock_mod = relax.pipeline.static_shape_tuning_pipeline(
                 total_trials=args.trials, target=target, work_dir=str(work / "stock"),
                 max_trials_per_task=per_task)(mod)
@@ -99,6 +100,27 @@ def main(argv=None) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "tuned.json").write_text(json.dumps({"cpu": cpu, "rows": rows}, indent=1))
     return 0
+
+
+@contextlib.contextmanager
+def _same_builder_as_ours(target):
+    """Stock's tuning builds its candidates with the builder ``tvm-fusion tune`` uses.
+
+    ``static_shape_tuning_pipeline`` asks meta_schedule for its default ``"local"`` builder,
+    whose single-use workers import ``tvm.s_tir.tensor_intrin`` (20-30 s) before every build
+    and give up after 30 s: on a busy 2-core machine every candidate of stock's failed to
+    build. The same build function for both keeps the comparison about the schedules."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_fusion.tuning.tune import TuneConfig, make_builder
+
+    ours = make_builder(TuneConfig(tracker=None, key=None, target=target), target)
+    create = ms.builder.Builder.create
+    ms.builder.Builder.create = staticmethod(lambda kind="local", *a, **k: ours)
+    try:
+        yield
+    finally:
+        ms.builder.Builder.create = create
 
 
 def _ort_session(model, threads: int):

@@ -355,7 +355,9 @@ def _make_runner(cfg: TuneConfig, host: str, port: int, servers: int,
         max_workers=servers)
 
 
-def _make_builder(cfg: TuneConfig, target: tvm.target.Target):
+def make_builder(cfg: TuneConfig, target: tvm.target.Target):
+    """meta_schedule's ``LocalBuilder`` with :func:`.rpc.build_candidate` (no intrinsic-registry
+    import per single-use worker) and 120 s per build."""
     export = rpc.builder_export(target)
     workers = cfg.builder_workers or max(1, min(os.cpu_count() or 1, 4))
     return ms.builder.LocalBuilder(max_workers=workers, f_build=rpc.build_candidate,
@@ -480,7 +482,7 @@ def _tune(mod, cfg: TuneConfig, target, host, port, servers, work_dir, meta, db,
             ms.tune_tasks(
                 tasks=contexts, task_weights=weights, work_dir=work_dir,
                 max_trials_global=remaining, num_trials_per_iter=cfg.trials_per_iter,
-                builder=_make_builder(cfg, target), runner=runner, database=db,
+                builder=make_builder(cfg, target), runner=runner, database=db,
                 cost_model=cost_model,
                 measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"),
                                    progress])
@@ -592,7 +594,7 @@ def _choose(fused, target, tasks, db, cfg, runner, work_dir) -> list[KernelResul
             mods.append(_workload_mod(hand_func))
             owners.append((kr, "hand"))
     if mods:
-        timed = measure_modules(mods, target, _make_builder(cfg, target), runner,
+        timed = measure_modules(mods, target, make_builder(cfg, target), runner,
                                 rounds=max(1, cfg.compare_rounds))
         for (kr, which), samples in zip(owners, timed):
             if isinstance(samples, list) and samples:

@@ -4,6 +4,7 @@ ONNX Runtime's single-operator model, in one process, calls alternating, one thr
     taskset -c 1 python scripts/bench_kernels.py [--quick] [--out out/kernels]
         [--peak-gflops 99.3] [--bandwidth 19.7] [--target '{"kind":"llvm","mcpu":"znver3"}']
         [--seconds 2] [--only 197x768x3072,1x768x50257,64x50257x768]
+        [--families matmul,conv] [--stock] [--clock cpu]
 
 MatMul ``[M, K] × W[K, N]`` (W an initializer: packed at compile time by both runtimes) over
 M ∈ {1, 8, 32, 128, 197, 512, 2048} × (K, N) ∈ square, tall, wide, vocabulary-sized and odd
@@ -17,8 +18,11 @@ ours, > 1 is faster) and the geometric mean of those ratios; writes ``kernels.js
 The peak and the bandwidth are measured here when not given: a TIR loop of 12 independent
 vector FMA chains, and a vector sum over 256 MiB (the method of shared/tools/cpu-peak).
 
-Conv shapes: :data:`FAMILIES` maps a family name to a function returning its :class:`Case`
-list; a conv family is added there (``--families matmul,conv``).
+``--families conv`` (or ``matmul,conv``) is the conv sweep (:data:`CONV_SHAPES`: single Conv
+operators with bias from ResNet-50, MobileNetV2, ConvNeXt-T, the SD U-Net block and YOLOv8n,
+plus grouped, dilated and odd-channel ones; ``--only`` takes their names). ``--stock`` also
+builds each shape through stock FuseOps with our CPU schedules (the ``tvm-fuseops-sched``
+variant: no conv packing) and times it in the same loop.
 """
 
 from __future__ import annotations
@@ -91,11 +95,70 @@ def matmul_cases(quick: bool) -> list[Case]:
     return [_Lazy(matmul_case, shape) for shape in shapes]
 
 
+# Conv shapes (batch 1, float32, with bias), from the models named: (name, C_in, C_out, H, W,
+# kernel, stride, pad, dilation, groups). The name says where it comes from.
+CONV_SHAPES = (
+    ("r50-stem-7x7s2-3>64@224", 3, 64, 224, 224, 7, 2, 3, 1, 1),
+    ("r50-1x1-64>256@56", 64, 256, 56, 56, 1, 1, 0, 1, 1),
+    ("r50-3x3-64>64@56", 64, 64, 56, 56, 3, 1, 1, 1, 1),
+    ("r50-3x3s2-128>128@56", 128, 128, 56, 56, 3, 2, 1, 1, 1),
+    ("r50-1x1-1024>256@14", 1024, 256, 14, 14, 1, 1, 0, 1, 1),
+    ("r50-1x1s2-512>1024@28", 512, 1024, 28, 28, 1, 2, 0, 1, 1),
+    ("r50-3x3-512>512@7", 512, 512, 7, 7, 3, 1, 1, 1, 1),
+    ("mnv2-3x3s2-3>32@224", 3, 32, 224, 224, 3, 2, 1, 1, 1),
+    ("mnv2-dw3x3-144@56", 144, 144, 56, 56, 3, 1, 1, 1, 144),
+    ("mnv2-dw3x3s2-96@112", 96, 96, 112, 112, 3, 2, 1, 1, 96),
+    ("mnv2-1x1-144>24@56", 144, 24, 56, 56, 1, 1, 0, 1, 1),
+    ("mnv2-1x1-320>1280@7", 320, 1280, 7, 7, 1, 1, 0, 1, 1),
+    ("cnxt-4x4s4-3>96@224", 3, 96, 224, 224, 4, 4, 0, 1, 1),
+    ("cnxt-dw7x7-96@56", 96, 96, 56, 56, 7, 1, 3, 1, 96),
+    ("cnxt-dw7x7-768@7", 768, 768, 7, 7, 7, 1, 3, 1, 768),
+    ("cnxt-2x2s2-96>192@56", 96, 192, 56, 56, 2, 2, 0, 1, 1),
+    ("sd-3x3-320>320@32", 320, 320, 32, 32, 3, 1, 1, 1, 1),
+    ("sd-1x1-320>320@32", 320, 320, 32, 32, 1, 1, 0, 1, 1),
+    ("yolo-3x3s2-16>32@160", 16, 32, 160, 160, 3, 2, 1, 1, 1),
+    ("yolo-3x3-80>80@40", 80, 80, 40, 40, 3, 1, 1, 1, 1),
+    ("grp32-3x3-128>128@56", 128, 128, 56, 56, 3, 1, 1, 1, 32),
+    ("dil2-3x3-256>256@28", 256, 256, 28, 28, 3, 1, 2, 2, 1),
+    ("odd-3x3-17>33@31", 17, 33, 31, 31, 3, 1, 1, 1, 1),
+)
+
+
+def conv_case(name: str, c_in: int, c_out: int, h: int, w: int, k: int, stride: int, pad: int,
+              dilation: int, groups: int) -> Case:
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((c_out, c_in // groups, k, k)) /
+              math.sqrt(c_in // groups * k * k)).astype("float32")
+    bias = rng.standard_normal(c_out).astype("float32")
+    span = dilation * (k - 1) + 1
+    oh, ow = (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=[k, k],
+                            strides=[stride, stride], pads=[pad] * 4,
+                            dilations=[dilation, dilation], group=groups)
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, h, w])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c_out, oh, ow])],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds = {"x": rng.standard_normal((1, c_in, h, w)).astype("float32")}
+    flop = 2.0 * c_out * oh * ow * (c_in // groups) * k * k
+    return Case(name, "conv", model, feeds, flop, 4.0 * (c_in * h * w + c_out * oh * ow),
+                False, {"C_in": c_in, "C_out": c_out, "H": h, "W": w, "k": k, "stride": stride,
+                        "dilation": dilation, "groups": groups})
+
+
 def conv_cases(quick: bool) -> list[Case]:
-    """Hook for the conv shapes of issue 20, item 4 (1×1, 3×3, 7×7 depthwise, strided,
-    grouped, odd channels): return :class:`Case` objects built like :func:`matmul_case`."""
+    """The conv shapes of issue 20, item 4 (:data:`CONV_SHAPES`: 1×1, 3×3, strided, 7×7 and
+    3×3 depthwise, grouped, dilated, odd channels, 7×7 to 224×224 maps); all are small
+    enough for ``--quick``."""
     del quick
-    return []
+    lazies = []
+    for shape in CONV_SHAPES:
+        lazy = _Lazy(conv_case, shape)
+        lazy.name = shape[0]
+        lazies.append(lazy)
+    return lazies
 
 
 FAMILIES = {"matmul": matmul_cases, "conv": conv_cases}
@@ -168,10 +231,16 @@ def measure_bandwidth(target: tvm.target.Target, lanes: int) -> float:
     return size * 4 / best / 1e9
 
 
+# What a call is timed with: wall time, or (``--clock cpu``) the calling thread's CPU time,
+# which leaves out the time a busy neighbour keeps the thread off the core (one thread per
+# runtime: both run their kernels in the calling thread).
+CLOCK = time.perf_counter
+
+
 def _time(call) -> float:
-    start = time.perf_counter()
+    start = CLOCK()
     call()
-    return time.perf_counter() - start
+    return CLOCK() - start
 
 
 def cpu_name() -> str:
@@ -187,19 +256,24 @@ def cpu_name() -> str:
 
 # ----------------------------------------------------------------------------- the sweep
 
-def alternate(ours, theirs, seconds: float, min_calls: int = 5) -> tuple[list, list]:
-    """Seconds per call of each, calls alternating one by one until both have run at least
-    ``min_calls`` times and ``seconds`` have passed."""
-    ours(), theirs()  # warm-up
-    a, b = [], []
+def alternate(*calls, seconds: float, min_calls: int = 5) -> list[list[float]]:
+    """Seconds per call of each of ``calls``, calls alternating one by one until each has run
+    at least ``min_calls`` times and ``seconds`` have passed."""
+    for call in calls:
+        call()  # warm-up
+    times = [[] for _ in calls]
     end = time.perf_counter() + seconds
-    while time.perf_counter() < end or len(a) < min_calls:
-        a.append(_time(ours))
-        b.append(_time(theirs))
-    return a, b
+    while time.perf_counter() < end or len(times[0]) < min_calls:
+        for call, samples in zip(calls, times):
+            samples.append(_time(call))
+    return times
 
 
-def run_case(case: Case, target: tvm.target.Target, seconds: float, options: dict) -> dict:
+def run_case(case: Case, target: tvm.target.Target, seconds: float, options: dict,
+             stock: bool = False) -> dict:
+    """Build ``case`` through tvm_fusion (and, with ``stock``, through stock FuseOps with our
+    CPU schedules: the ``tvm-fuseops-sched`` variant), check it against ONNX Runtime and time
+    them all in one alternating loop."""
     options_ = ort.SessionOptions()
     options_.intra_op_num_threads = 1
     options_.inter_op_num_threads = 1
@@ -208,21 +282,36 @@ def run_case(case: Case, target: tvm.target.Target, seconds: float, options: dic
     start = time.perf_counter()
     executable = compile_model(import_onnx(case.model), target, **options)
     build_s = time.perf_counter() - start
-    vm = relax.VirtualMachine(executable, tvm.cpu())
-    args = [tvm.runtime.tensor(v) for v in case.feeds.values()]
-    got = vm["main"](*args).numpy()
     expected = session.run(None, case.feeds)[0]
-    err = float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-30))
-    ours, theirs = alternate(lambda: vm["main"](*args), lambda: session.run(None, case.feeds),
-                             seconds)
+    args = [tvm.runtime.tensor(v) for v in case.feeds.values()]
+
+    def runner(exe):
+        vm = relax.VirtualMachine(exe, tvm.cpu())
+        got = vm["main"](*args).numpy()
+        err = float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-30))
+        return (lambda: vm["main"](*args)), err
+
+    ours_call, err = runner(executable)
+    calls = [ours_call, lambda: session.run(None, case.feeds)]
+    stock_err = None
+    if stock:
+        stock_call, stock_err = runner(compile_model(import_onnx(case.model), target,
+                                                     strategy="tvm", schedule=True))
+        calls.append(stock_call)
+    times = alternate(*calls, seconds=seconds)
+    ours, theirs = times[0], times[1]
     ours_s, ort_s = statistics.median(ours), statistics.median(theirs)
     # the fastest calls: what each does undisturbed, when a busy neighbour makes the medians
     # of calls that alternate still drift apart
-    return {"name": case.name, "family": case.family, **case.shape, "ours_ms": ours_s * 1e3,
-            "ort_ms": ort_s * 1e3, "flop": case.flop, "bytes": case.bytes_read,
-            "bandwidth_bound": case.bandwidth_bound, "speed_vs_ort": ort_s / ours_s,
-            "speed_vs_ort_fastest": min(theirs) / min(ours), "calls": len(ours),
-            "rel_err": err, "build_s": build_s}
+    row = {"name": case.name, "family": case.family, **case.shape, "ours_ms": ours_s * 1e3,
+           "ort_ms": ort_s * 1e3, "flop": case.flop, "bytes": case.bytes_read,
+           "bandwidth_bound": case.bandwidth_bound, "speed_vs_ort": ort_s / ours_s,
+           "speed_vs_ort_fastest": min(theirs) / min(ours), "calls": len(ours),
+           "rel_err": err, "build_s": build_s}
+    if stock:
+        row["stock_ms"] = statistics.median(times[2]) * 1e3
+        row["stock_rel_err"] = stock_err
+    return row
 
 
 def describe(row: dict, peak: float, bandwidth: float) -> dict:
@@ -241,12 +330,17 @@ def describe(row: dict, peak: float, bandwidth: float) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| shape (M×K×N) | tvm_fusion ms | ORT ms | tvm_fusion GFLOP/s | % of peak (bw) | "
-             "ORT % | speed vs ORT (medians) | (fastest calls) |",
-             "|---|---|---|---|---|---|---|---|"]
+    stock = any("stock_ms" in r for r in rows)
+    shape = "shape (M×K×N)" if all(r["family"] == "matmul" for r in rows) else "shape"
+    lines = [f"| {shape} | tvm_fusion ms | ORT ms | "
+             + ("FuseOps+sched ms | " if stock else "")
+             + "tvm_fusion GFLOP/s | % of peak (bw) | ORT % | speed vs ORT (medians) | "
+             "(fastest calls) |",
+             "|---|---|---|---|---|---|---|---|" + ("---|" if stock else "")]
     for r in rows:
         unit = " bw" if r["pct_of"] == "bandwidth" else ""
-        lines.append(f"| {r['name']} | {r['ours_ms']:.3f} | {r['ort_ms']:.3f} | "
+        extra = (f"{r['stock_ms']:.3f} | " if "stock_ms" in r else "– | ") if stock else ""
+        lines.append(f"| {r['name']} | {r['ours_ms']:.3f} | {r['ort_ms']:.3f} | {extra}"
                      f"{r['ours_gflops']:.1f} | {r['ours_pct']:.0f}{unit} | "
                      f"{r['ort_pct']:.0f}{unit} | {r['speed_vs_ort']:.2f} | "
                      f"{r['speed_vs_ort_fastest']:.2f} |")
@@ -265,6 +359,11 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     top.bar(x, [r["speed_vs_ort"] for r in rows],
             color=["tab:green" if r["speed_vs_ort"] >= 1 else "tab:orange"
                    if r["speed_vs_ort"] >= 0.8 else "tab:red" for r in rows])
+    if any("stock_ms" in r for r in rows):
+        top.plot([i for i, r in enumerate(rows) if "stock_ms" in r],
+                 [r["ort_ms"] / r["stock_ms"] for r in rows if "stock_ms" in r], "k_",
+                 markersize=12, label="FuseOps + our schedules")
+        top.legend(fontsize=7)
     for level in (0.8, 1.0):
         top.axhline(level, color="grey", linestyle="--", linewidth=0.8)
     top.set_ylabel("speed vs ONNX Runtime (×)")
@@ -305,6 +404,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="timing per shape")
     parser.add_argument("--option", action="append", default=[],
                         help="tvm_fusion option name=value (e.g. pack_weights=false)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time calls by wall clock or by this thread's CPU time (a "
+                        "shared machine: only the time the thread ran)")
+    parser.add_argument("--stock", action="store_true",
+                        help="also time stock FuseOps with our schedules (tvm-fuseops-sched)")
     parser.add_argument("--out", default="out/kernels")
     args = parser.parse_args(argv)
     unknown = [f for f in args.families.split(",") if f not in FAMILIES]
@@ -322,6 +426,8 @@ def main(argv=None) -> int:
     for item in args.option:
         name, _, value = item.partition("=")
         options[name] = {"true": True, "false": False}.get(value.lower(), value)
+    global CLOCK
+    CLOCK = time.thread_time if args.clock == "cpu" else time.perf_counter
     lanes = cpu_params(target).lanes
     peak = args.peak_gflops or measure_peak(target, lanes)
     bandwidth = args.bandwidth or measure_bandwidth(target, lanes)
@@ -343,12 +449,15 @@ def main(argv=None) -> int:
     rows = []
     for lazy in cases:
         case = lazy.build() if isinstance(lazy, _Lazy) else lazy
-        row = describe(run_case(case, target, args.seconds, options), peak, bandwidth)
+        row = describe(run_case(case, target, args.seconds, options, args.stock), peak,
+                       bandwidth)
         rows.append(row)
         print(f"{row['name']:>16}: ours {row['ours_ms']:9.3f} ms ({row['ours_pct']:3.0f} % "
               f"{row['pct_of']})  ORT {row['ort_ms']:9.3f} ms ({row['ort_pct']:3.0f} %)  "
               f"speed vs ORT {row['speed_vs_ort']:.2f} (fastest calls "
-              f"{row['speed_vs_ort_fastest']:.2f})  err {row['rel_err']:.0e}", flush=True)
+              f"{row['speed_vs_ort_fastest']:.2f})  err {row['rel_err']:.0e}"
+              + (f"  FuseOps+sched {row['stock_ms']:.3f} ms" if "stock_ms" in row else ""),
+              flush=True)
         del case
         gc.collect()
     mean = geomean(r["speed_vs_ort"] for r in rows)
@@ -365,7 +474,7 @@ def main(argv=None) -> int:
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "commit": _commit(), "cpu": cpu_name(), "mcpu": mcpu, "target": str(target),
             "peak_gflops": peak, "bandwidth_gbs": bandwidth, "load_average": os.getloadavg(),
-            "onnxruntime": ort.__version__, "tvm": tvm.__version__,
+            "onnxruntime": ort.__version__, "tvm": tvm.__version__, "clock": args.clock,
             "geomean_speed_vs_ort": mean, "geomean_speed_vs_ort_fastest": mean_fastest}
     (out / "kernels.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     plot(rows, out / "kernels.png", header)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, load_onnx
+from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_onnx, load_onnx
 from tvm_fusion.feeds import random_inputs
 from tvm_fusion.models import transformer_encoder_layer
 from tvm_fusion.models.conv_chains import chain_model
@@ -115,6 +115,50 @@ def test_resnet50_bottleneck_convs(arm64_device):
                                  ("conv", 64, 3, 1, 1, 1, "relu"),
                                  ("conv", 256, 1, 1, 0, 1, None)], seed=2)
     check_on_device(arm64_device, model, "ResNet-50 bottleneck convs", rtol=1e-3, atol=1e-3)
+
+
+# One conv per case, each on its own input (one model, one upload): the 1×1 conv on the flat
+# positions, 3×3 stride 2 (the column phases), odd channels with padding (a tail panel, rows
+# padded to whole panels), two K blocks of per-block packed panels, the positions as rows
+# (fewer positions than output channels), and a 1×1 conv on one position (a squeeze-excite's).
+# (c_in, c_out, map, kernel, stride, pad)
+CONV_GEMM_CASES = [(16, 24, 9, 1, 1, 0), (16, 32, 14, 3, 2, 1), (17, 33, 13, 3, 1, 1),
+                   (40, 16, 8, 3, 1, 1), (16, 40, 5, 3, 1, 1), (24, 20, 1, 1, 1, 0)]
+
+
+def conv_gemm_cases_model():
+    rng = np.random.default_rng(4)
+    nodes, inputs, outputs, inits = [], [], [], []
+    for i, (c_in, c_out, size, k, stride, pad) in enumerate(CONV_GEMM_CASES):
+        nodes += [helper.make_node("Conv", [f"x{i}", f"W{i}", f"B{i}"], [f"c{i}"],
+                                   kernel_shape=[k, k], strides=[stride] * 2, pads=[pad] * 4),
+                  helper.make_node("Relu", [f"c{i}"], [f"y{i}"])]
+        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT,
+                                                    [1, c_in, size, size]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
+        inits += [numpy_helper.from_array(
+                      rng.standard_normal((c_out, c_in, k, k)).astype("float32"), f"W{i}"),
+                  numpy_helper.from_array(rng.standard_normal(c_out).astype("float32"), f"B{i}")]
+    graph = helper.make_graph(nodes, "conv_gemms", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+@pytest.mark.timeout(900)
+def test_conv_gemm_shapes(arm64_device):
+    """Issue 20: dense convs as the packed GEMM, in NEON code (AArch64's 8×12 micro-kernel and
+    its panel widths): every case takes the GEMM route, and all match ONNX Runtime."""
+    model = conv_gemm_cases_model()
+    mod = fuse(import_onnx(model), T.resolve_target(AARCH64))
+    notes = [str(note) for f in mod.functions.values() if f.attrs is not None
+             and "tvm_fusion.schedule" in f.attrs for note in f.attrs["tvm_fusion.schedule"]]
+    gemms = [n for n in notes if "packed GEMM" in n]
+    assert len(gemms) == len(CONV_GEMM_CASES), notes
+    assert any("B packed per block" in n for n in gemms), gemms
+    assert any("A copied row-major first" in n for n in gemms), gemms  # positions as rows
+    check_on_device(arm64_device, model, "conv GEMMs (1x1, 3x3/2, odd, K blocks, positions "
+                    "as rows, one position)", atol=2e-4)
 
 
 # ---------------------------------------------------------------------------- slow set

@@ -35,11 +35,16 @@ def _check(model, **options):
 
 
 def test_dense_convs_are_packed_and_exact():
-    """3 input channels (the first conv) stay NCHW; the rest run as conv2d_NCHWc."""
+    """By default dense convs with constant weights run as the packed GEMM (im2col panels,
+    layout/gemm_pack.py); ``conv_layout="NCHWc"`` packs them instead: 3 input channels (the
+    first conv) stay NCHW, the rest run as conv2d_NCHWc."""
     model = chain_model(16, 20, DENSE)
     kernels = _conv_kernels(fuse(import_onnx(model), TARGET))
-    assert any("NCHWc" in k for k in kernels), kernels
+    assert kernels and all("conv2d_gemm" in k for k in kernels), kernels
+    packed = _conv_kernels(fuse(import_onnx(model), TARGET, conv_layout="NCHWc"))
+    assert any("NCHWc" in k for k in packed), packed
     _check(model)
+    _check(model, conv_layout="NCHWc")
 
 
 def test_auto_keeps_nchw_with_grouped_convs_and_forced_packing_is_exact():

@@ -219,11 +219,15 @@ class SmartMem(_Group):
             "planner cannot make the consumer the next anchor's prologue instead.")
     conv_layout: str = _opt(
         "choice", "auto", choices=CONV_LAYOUTS,
-        doc="DNNFusion §6 inter-block layout: on `llvm` targets dense convs are packed to "
-            "`NCHW{lanes}c` (TVM's `ConvertLayout`, TOPI `conv2d_NCHWc`); `auto` skips models "
-            "with grouped/depthwise convs (a layout change on every dense/grouped edge) and "
-            "keeps NCHW when `conv_chains` is on; `strategy=\"dnnfusion\"` only (Apollo plans "
-            "the graph as imported); tvm_fusion/layout/conv_pack.py.")
+        doc="How dense convs run on `llvm` targets. `auto`: a conv with a constant weight and "
+            "static shapes runs as the packed GEMM (im2col panels, "
+            "tvm_fusion/layout/gemm_pack.py; with `pack_weights`, every strategy but Apollo's, "
+            "which plans the graph as imported), the others "
+            "are packed to `NCHW{lanes}c` (DNNFusion §6; TVM's `ConvertLayout`, TOPI "
+            "`conv2d_NCHWc`) unless the model has grouped/depthwise convs (a layout change on "
+            "every dense/grouped edge) or `conv_chains` is on; `NCHWc` packs every dense conv; "
+            "`NCHW` keeps the direct NCHW conv. Packing is `strategy=\"dnnfusion\"` only "
+            "(Apollo plans the graph as imported); tvm_fusion/layout/conv_pack.py.")
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,13 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
         # every strategy our CPU schedules run for ("tvm" included: the baseline of every
         # benchmark), so that a GEMM is the same kernel whatever the grouping; before the
         # conv packing, whose legalisation of the packed convs legalises every other op too
-        passes.append(PackMatmulWeights(target))
+        # dense NCHW convs with constant weights become the same packed GEMM (im2col panels)
+        # under conv_layout "auto"; "NCHWc"/"NCHW" keep them convs (packed / direct), and so
+        # do OptiFX's conv chains, whose templates take the convs as convs, and Apollo, which
+        # plans (and classifies) the graph as imported
+        convs = (opts.smartmem.conv_layout == "auto" and opts.optifx.conv_chains == "off"
+                 and strategy != "apollo")
+        passes.append(PackMatmulWeights(target, convs=convs))
     if strategy == "dnnfusion":  # §6 inter-block layout: packed convs on CPU
         # OptiFX's templates take NCHW region ops: with conv_chains on, "auto" keeps NCHW
         layout = smartmem.conv_layout

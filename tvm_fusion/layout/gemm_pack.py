@@ -24,9 +24,28 @@ Those are packed by a first run (``quantized_only``) before the rewriting's ``Fo
 ``matmul_packed`` is an ordinary reduction for legalisation, TVM's op patterns and fusion: the
 epilogues fuse into it as into a matmul; ``ScheduleFusedBlocks`` recognises its read of ``Bp``
 and emits the packed GEMM nest (``tir_schedules/cpu_gemm.py``).
+
+A dense NCHW convolution with a constant weight and static shapes (``relax.nn.conv2d``,
+groups 1, float32) is the same GEMM, as MLAS computes it (im2col + SGEMM): the weight
+``W[N, C·kh·kw]`` is the A operand (rows: output channels, contiguous in k), and the im2col
+matrix of the input, packed per call straight into NR-column panels, is B (columns: the
+output positions of every image)::
+
+    Bp[p // NR, k, p % NR] = x_pad[b(p), c(k), oh(p)·sh + r(k)·dh, ow(p)·sw + s(k)·dw]
+    C[co, p] = Σ_k W[co, k] · Bp[p // NR, k, p % NR]          # matmul_packed
+    y[b, co, oh, ow] = C[co, b·OH·OW + oh·OW + ow]
+
+so each output row is stored contiguously, partial sums included, and the micro-kernel runs at
+GEMM speed whatever the kernel size, stride, dilation or channel count; the packing is one pass
+over K × positions floats (the input itself for a 1×1 conv). A stride-1 conv may take the
+positions of the zero-padded input instead (``ConvGemm.padded_flat``: a row costs its padded
+width, and a panel reads consecutive floats across rows). A symbolic dimension keeps the
+direct conv (its schedule handles symbolic maps).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
@@ -78,6 +97,236 @@ def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int, zp: te.Tensor | None = No
     return te.compute((*x.shape[:-1], tirx.const(n, "int64")), value, name=PACKED_GEMM)
 
 
+@dataclass(frozen=True)
+class ConvGemm:
+    """How a conv maps onto the GEMM: its sizes, the panel width ``nr`` and what the columns
+    are: the flat output positions (``flat``: a 1×1 stride-1 conv without padding, the input
+    itself, row after row), the flat positions of the zero-padded input (``padded_flat``: a
+    stride-1 conv; ``row`` = the padded width, the columns past ``out_w`` computed and never
+    stored), or output rows padded to whole panels (``row`` columns each)."""
+
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    padding: tuple[int, int, int, int]  # top, left, bottom, right
+    dilation: tuple[int, int]
+    out_h: int
+    out_w: int
+    nr: int
+    flat: bool
+    # the output positions are the GEMM's rows and the weight, packed at compile time, is B:
+    # for maps with fewer positions than output channels (7×7 with 512 channels), whose
+    # position panels would be few and narrow
+    positions_as_rows: bool = False
+    out_channels: int = 0
+    padded_flat: bool = False
+    in_h: int = 0  # the input's height and width (padded_flat's columns follow the input)
+    in_w: int = 0
+
+    @property
+    def row(self) -> int:
+        """Columns per output row: the padded input's width (padded_flat), the row padded to
+        whole panels, or (flat) the row itself."""
+        if self.padded_flat:
+            return self.in_w + self.padding[1] + self.padding[3]
+        return self.out_w if self.flat else -(-self.out_w // self.nr) * self.nr
+
+    @property
+    def image(self) -> int:
+        """Columns from one image to the next."""
+        if self.padded_flat:
+            return (self.in_h + self.padding[0] + self.padding[2]) * self.row
+        return self.out_h * self.row
+
+    def columns(self, batch: int) -> int:
+        """The GEMM's columns for ``batch`` images (the last image's rows past ``out_h``, in
+        padded_flat, are not columns)."""
+        return (batch - 1) * self.image + self.out_h * self.row
+
+
+def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int, int],
+                   padding: tuple[int, int, int, int], dilation: tuple[int, int],
+                   params: CpuParams, out_channels: int = 0) -> ConvGemm | None:
+    """The GEMM form of an NCHW conv over an input of ``shape``, or None (an empty output).
+
+    Panels of a padded row hold whole output rows, so that packing a panel reads one input row
+    at consecutive (or strided) columns, with no division per element; the panel width trades
+    the padding of the last panel of a row against the micro-kernel's efficiency (its FMAs per
+    loaded value, from the target's tile for that width). A stride-1 conv may instead take the
+    flat positions of the padded input (each panel then reads consecutive floats across rows,
+    and a row costs its padded width, ``out_w + (kw-1)·dw``, instead of whole panels: 58
+    columns for a 3×3 conv's 56-wide rows where panels of 16 take 64) when that makes fewer
+    columns, rounded to its best panel width, at no more modelled cost."""
+    batch, _, height, width = shape
+    kh, kw = kernel
+    top, left, bottom, right = padding
+    out_h = (height + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    out_w = (width + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    if out_h <= 0 or out_w <= 0 or 0 in shape:
+        return None
+    flat = (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding)
+    if shape[0] * out_h * out_w < out_channels:
+        nr = panel_width(out_channels, params)
+        return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, False, True,
+                        out_channels)
+    if flat:
+        nr = panel_width(shape[0] * out_h * out_w, params)
+        return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat)
+    _, widest = params.gemm_tile()
+
+    def cost(nr: int, columns: int) -> float:
+        """Work of ``columns`` (per image) in panels of ``nr``, per FMA of the tile."""
+        mr, _ = params.gemm_tile(nr)
+        vectors = nr // params.lanes
+        fmas = mr * vectors
+        return -(-columns // nr) * nr * (fmas + mr + vectors) / fmas
+
+    widths = range(params.lanes, widest + 1, params.lanes)
+    nr = min(widths, key=lambda w: (cost(w, out_w) * out_h, -w))
+    rows = ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat)
+    if strides != (1, 1):
+        return rows
+    flat_pad = ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat,
+                        padded_flat=True, in_h=height, in_w=width)
+    columns = flat_pad.columns(batch)
+    nr_flat = min(widths, key=lambda w: (cost(w, columns), -w))
+    # fewer columns, not only a wider modelled tile: with as many or more columns (a dilated
+    # 3x3 at 28x28: 896 both ways; 31-wide rows: 1,023 against 992) panels of 24 measured
+    # slower than the rows' 16 (0.79 -> 0.72x, 1.32 -> 1.11x ONNX Runtime)
+    if (-(-columns // nr_flat) * nr_flat >= batch * out_h * rows.row
+            or cost(nr_flat, columns) >= cost(nr, out_w) * out_h * batch):
+        return rows
+    return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr_flat, flat,
+                    padded_flat=True, in_h=height, in_w=width)
+
+
+def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
+    """NCHW ``conv2d(x, W)`` as the packed GEMM (module docstring): ``w`` is ``W[N, C·kh·kw]``
+    (the A operand); ``x``'s shape must be static."""
+    if plan.positions_as_rows:
+        return _conv2d_gemm_by_positions(x, w, plan)
+    batch, channels, height, width = (int(d) for d in x.shape)
+    out_channels = int(w.shape[0])
+    (kh, kw), (sh, sw), (dh, dw) = plan.kernel, plan.strides, plan.dilation
+    top, left, bottom, right = plan.padding
+    nr, row, out_h, out_w = plan.nr, plan.row, plan.out_h, plan.out_w
+    columns = plan.columns(batch)
+    k_total = channels * kh * kw
+
+    def c(v):
+        return tirx.const(v, "int64")
+
+    def window(k):
+        return (tirx.floordiv(k, c(kh * kw)), tirx.floormod(tirx.floordiv(k, c(kw)), c(kh)),
+                tirx.floormod(k, c(kw)))
+
+    if plan.padded_flat:
+        # the padded input channel-major, [C, B·Hp·Wp + reach]: column t reads
+        # src[c, t + r·dh·Wp + s·dw], consecutive floats across rows and images
+        image = plan.image
+        length = -(-columns // nr) * nr + (kh - 1) * dh * row + (kw - 1) * dw
+
+        def padded_flat(ci, t):
+            b, rest = tirx.floordiv(t, c(image)), tirx.floormod(t, c(image))
+            ih = tirx.floordiv(rest, c(row)) - c(top)
+            iw = tirx.floormod(rest, c(row)) - c(left)
+            inside = [b < c(batch), ih >= c(0), ih < c(height), iw >= c(0), iw < c(width)]
+            return tirx.if_then_else(tirx.all(*inside), x[b, ci, ih, iw],
+                                     tirx.const(0, x.dtype))
+        src = te.compute((c(channels), c(length)), padded_flat, name="conv2d_pad")
+
+        def pack(pj, k, lane):
+            ci, r, s = window(k)
+            return src[ci, pj * c(nr) + lane + r * c(dh * row) + s * c(dw)]
+    elif plan.flat:
+        positions = out_h * out_w
+
+        def pack(pj, k, lane):
+            j = pj * c(nr) + lane
+            b, pos = tirx.floordiv(j, c(positions)), tirx.floormod(j, c(positions))
+            load = x[b, k, tirx.floordiv(pos, c(width)), tirx.floormod(pos, c(width))]
+            if columns % nr == 0:
+                return load
+            return tirx.if_then_else(j < c(columns), load, tirx.const(0, x.dtype))
+    else:
+        # zero padding, widened on the right so that every column of a padded row reads
+        # inside it (those columns are computed and never stored)
+        pad_w = max(width + left + right, (row - 1) * sw + dw * (kw - 1) + 1)
+        # a stride sw > 1: the padded input is written as sw column phases, column iw at
+        # (iw % sw, iw // sw), so that a panel reads consecutive columns of one phase
+        # instead of gathering every sw-th element
+        phase_w = -(-pad_w // sw)
+
+        def padded(b, ci, ih, iw):
+            inside = [ih >= c(top), ih < c(height + top), iw >= c(left), iw < c(width + left)]
+            return tirx.if_then_else(tirx.all(*inside), x[b, ci, ih - c(top), iw - c(left)],
+                                     tirx.const(0, x.dtype))
+
+        src = x
+        if sw > 1:
+            src = te.compute(
+                (c(batch), c(channels), c(height + top + bottom), c(sw), c(phase_w)),
+                lambda b, ci, ih, ph, q: padded(b, ci, ih, q * c(sw) + ph), name="conv2d_pad")
+        elif any(plan.padding) or pad_w > width:
+            src = te.compute((c(batch), c(channels), c(height + top + bottom), c(pad_w)),
+                             padded, name="conv2d_pad")
+        blocks = row // nr
+
+        def pack(pj, k, lane):
+            image_row, block = tirx.floordiv(pj, c(blocks)), tirx.floormod(pj, c(blocks))
+            b, oh = tirx.floordiv(image_row, c(out_h)), tirx.floormod(image_row, c(out_h))
+            ci, r, s = window(k)
+            ih = oh * c(sh) + r * c(dh)
+            if sw > 1:  # column (block·NR + lane)·sw + s·dw: phase s·dw % sw
+                offset = s * c(dw)
+                return src[b, ci, ih, tirx.floormod(offset, c(sw)),
+                           block * c(nr) + lane + tirx.floordiv(offset, c(sw))]
+            return src[b, ci, ih, (block * c(nr) + lane) + s * c(dw)]
+
+    panels = te.compute((c(-(-columns // nr)), c(k_total), c(nr)), pack, name="conv2d_im2col")
+    k = te.reduce_axis((0, c(k_total)), name="k")
+    gemm = te.compute(
+        (c(out_channels), c(columns)),
+        lambda co, j: te.sum(w[co, k] * panels[tirx.floordiv(j, c(nr)), k,
+                                               tirx.floormod(j, c(nr))], axis=k),
+        name=PACKED_GEMM)
+    return te.compute((c(batch), c(out_channels), c(out_h), c(out_w)),
+                      lambda b, co, oh, ow: gemm[co, b * c(plan.image) + oh * c(row) + ow],
+                      name="conv2d_nchw_store")
+
+
+def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm) -> te.Tensor:
+    """The conv with the output positions as rows: ``C[b, oh, ow, co] = Σ_k A · Bp`` where A
+    reads the input through the window (copied once, row-major, by the GEMM nest) and ``bp``
+    is ``W[N, K]`` packed as a transposed weight; the NCHW store is folded into the write-back."""
+    batch, _, height, width = (int(d) for d in x.shape)
+    (kh, kw), (sh, sw), (dh, dw) = plan.kernel, plan.strides, plan.dilation
+    top, left, _, _ = plan.padding
+    nr = int(bp.shape[2])
+    n = int(plan.out_channels)
+    k_total = int(bp.shape[1])
+
+    def c(v):
+        return tirx.const(v, "int64")
+
+    k = te.reduce_axis((0, c(k_total)), name="k")
+
+    def value(b, oh, ow, j):
+        ci = tirx.floordiv(k, c(kh * kw))
+        r = tirx.floormod(tirx.floordiv(k, c(kw)), c(kh))
+        s = tirx.floormod(k, c(kw))
+        ih = oh * c(sh) + r * c(dh) - c(top)
+        iw = ow * c(sw) + s * c(dw) - c(left)
+        load = x[b, ci, ih, iw]
+        if any(plan.padding):
+            load = tirx.if_then_else(tirx.all(ih >= c(0), ih < c(height), iw >= c(0),
+                                              iw < c(width)), load, tirx.const(0, x.dtype))
+        return te.sum(load * bp[tirx.floordiv(j, c(nr)), k, tirx.floormod(j, c(nr))], axis=k)
+
+    gemm = te.compute((c(batch), c(plan.out_h), c(plan.out_w), c(n)), value, name=PACKED_GEMM)
+    return te.compute((c(batch), c(n), c(plan.out_h), c(plan.out_w)),
+                      lambda b, j, oh, ow: gemm[b, oh, ow, j], name="conv2d_nchw_store")
+
+
 def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
     """``B[K, N]`` (or ``W[N, K]`` when ``transposed``) as ``Bp[⌈N/NR⌉, K, NR]``, zeros past
     column N."""
@@ -91,9 +340,11 @@ def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
 
 @relax.expr_functor.mutator
 class _Packer(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, params: CpuParams, quantized_only: bool):
+    def __init__(self, mod: tvm.IRModule, params: CpuParams, convs: bool,
+                 quantized_only: bool):
         super().__init__(mod)
         self.params = params
+        self.convs = convs and not quantized_only
         self.quantized_only = quantized_only
         self.packed = 0
 
@@ -127,8 +378,49 @@ class _Packer(relax.PyExprMutator):
             return None, False
         return expr, transposed
 
+    def _constant(self, expr) -> GenericConst | None:
+        if isinstance(expr, tvm.ir.Var):
+            bound = self.lookup_binding(expr)
+            expr = expr if bound is None else bound
+        return expr if isinstance(expr, GenericConst) else None
+
+    def _conv(self, call: relax.Call) -> relax.Expr:
+        """A dense NCHW conv with a constant weight as the packed GEMM, else ``call``."""
+        attrs = call.attrs
+        x, w = call.args
+        weight = self._constant(w)
+        if (weight is None or int(attrs.groups) != 1 or str(attrs.data_layout) != "NCHW"
+                or str(attrs.kernel_layout) != "OIHW" or str(attrs.out_layout) != "NCHW"
+                or str(attrs.out_dtype) not in ("", "void", "None", "float32")
+                or str(getattr(x.ty, "dtype", "")) != "float32"
+                or str(weight.ty.dtype) != "float32"):
+            return call
+        shape = getattr(x.ty, "shape", None)
+        if shape is None or len(shape) != 4 or not all(isinstance(d, tirx.IntImm)
+                                                      for d in shape):
+            return call  # a symbolic dim: the direct conv's schedule takes it
+        w_np = weight.value.numpy()
+        n, channels, kh, kw = w_np.shape
+        if channels != int(shape[1]) or 0 in w_np.shape:
+            return call
+        padding = [int(p) for p in attrs.padding]
+        if len(padding) == 2:
+            padding = padding * 2
+        plan = plan_conv_gemm([int(d) for d in shape], (kh, kw),
+                              tuple(int(s) for s in attrs.strides), tuple(padding),
+                              tuple(int(d) for d in attrs.dilation), self.params, n)
+        if plan is None:
+            return call
+        w2 = np.ascontiguousarray(w_np.reshape(n, channels * kh * kw))
+        w2 = relax.const(pack_weight(w2, plan.nr, True) if plan.positions_as_rows else w2)
+        self.packed += 1
+        return self.builder_.call_te(lambda data, weights: conv2d_gemm(data, weights, plan), x,
+                                     w2, primfunc_name_hint="conv2d_gemm")
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
         call = self.visit_expr_post_order(call)
+        if getattr(call.op, "name", "") == "relax.nn.conv2d" and self.convs:
+            return self._conv(call)
         if getattr(call.op, "name", "") != "relax.matmul" or len(call.args) != 2:
             return call
         x, b = call.args
@@ -172,16 +464,19 @@ class _Packer(relax.PyExprMutator):
 
 
 def PackMatmulWeights(target: tvm.target.Target,  # noqa: N802 (a pass)
+                      convs: bool = True,
                       quantized_only: bool = False) -> tvm.transform.Pass:
     """Pack constant matmul weights into GEMM panels on ``llvm`` targets (other targets are
-    left alone): one packed constant per weight. ``quantized_only``: only the weight-only
-    quantized ones (run before anything that folds constants)."""
+    left alone): one packed constant per weight. With ``convs``, dense NCHW convs with a
+    constant weight become the packed GEMM too (:func:`conv2d_gemm`). ``quantized_only``:
+    only the weight-only quantized matmul weights (run before anything that folds constants;
+    no convs)."""
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.PackMatmulWeights")
     def _pack(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if target.kind.name != "llvm":
             return mod
-        packer = _Packer(mod, cpu_params(target), quantized_only)
+        packer = _Packer(mod, cpu_params(target), convs, quantized_only)
         changed = False
         for gvar, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
@@ -198,5 +493,5 @@ def PackMatmulWeights(target: tvm.target.Target,  # noqa: N802 (a pass)
     return _pack
 
 
-__all__ = ["PACKED_GEMM", "PackMatmulWeights", "pack_weight", "packed_matmul",
-           "panel_width"]
+__all__ = ["PACKED_GEMM", "ConvGemm", "PackMatmulWeights", "conv2d_gemm", "pack_weight",
+           "packed_matmul", "panel_width", "plan_conv_gemm"]

@@ -36,7 +36,7 @@ from tvm.s_tir import SBlock
 from ..tir_utils import buffer_loads, buffer_stores, const_int, find_all, iter_sblocks
 from .analysis import param_names, root_block, stride_in_last_dim, written_only_before
 from .cpu_target import CpuParams
-from .cpu_tile import fold_epilogue_chain
+from .cpu_tile import PACKED_GEMM_STAGE, fold_epilogue_chain
 from .gemm_template import STREAM_ROW_TILES, Blocking, Gemm, emit_gemm, parallel_plan
 
 # Integer weight types the packed GEMM widens in registers (layout/weight_quant.py packs them)
@@ -232,6 +232,7 @@ def prepare_packed_gemms(sch: s_tir.Schedule, params: CpuParams
         if problem:  # cache_write stays: the register-tile rule takes an accumulator block
             notes.append(f"{name}: packed GEMM kernel not used ({problem}); register tiles")
             continue
+        sch.annotate(wb, PACKED_GEMM_STAGE, 1)
         sites.append(site)
     return sites, notes
 
@@ -284,16 +285,19 @@ def emit_packed_gemms(func: tirx.PrimFunc, sites: list[GemmSite], params: CpuPar
         return func, []
     blocks = {b.name_hint: b for b in iter_sblocks(func)}
     replace, drop, notes = {}, set(), []
+    root = func.body.block
+    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
     for site in sites:
         gemm, wb = blocks[site.gemm], blocks[site.writeback]
-        nest, note = _nest(gemm, wb, params)
+        packer = _packing_stage(match_packed_gemm(gemm), stmts)
+        nest, note = _nest(gemm, wb, params, packer)
         replace[site.writeback] = nest
         drop.add(site.gemm)
+        if packer is not None:
+            drop.add(packer.name_hint)
         epilogue = ("; epilogue " + "+".join(site.epilogue) + " at the last K block"
                     if site.epilogue else "")
         notes.append(f"{site.gemm}: packed GEMM {note}{epilogue}")
-    root = func.body.block
-    stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
     out = []
     for stmt in stmts:
         names = {b.name_hint for b in find_all(stmt, SBlock)}
@@ -312,7 +316,39 @@ def emit_packed_gemms(func: tirx.PrimFunc, sites: list[GemmSite], params: CpuPar
     return tirx.PrimFunc(func.params, realize, func.ret_type, func.attrs), notes
 
 
-def _nest(gemm: SBlock, wb: SBlock, params: CpuParams) -> tuple[tirx.Stmt, str]:
+def _packing_stage(match: PackedGemm | None, stmts: list) -> SBlock | None:
+    """The block that computes the packed B (a conv's im2col panels), when B is computed in
+    the function, alone in a top-level nest, and read by nothing else: the GEMM nest then
+    packs each block of panels itself (``Gemm.pack_b``) and this nest goes."""
+    if match is None:
+        return None
+    found = None
+    for stmt in stmts:
+        for block in find_all(stmt, SBlock):
+            writes = [w.source for w in block.writes]
+            if any(w.same_as(match.bp) for w in writes):
+                inside = find_all(stmt, SBlock)
+                if found is not None or len(inside) != 1:
+                    return None
+                found = block
+            elif any(r.source.same_as(match.bp) for r in block.reads) \
+                    and not _packed_reader(block, match):
+                return None  # another reader: the panels must stay a buffer
+    if found is None or not isinstance(found.body, tirx.BufferStore) or found.init is not None:
+        return None
+    names = [getattr(ix, "name", None) for ix in found.body.indices]
+    if names != [iv.var.name for iv in found.iter_vars] or len(names) != 3:
+        return None
+    return found
+
+
+def _packed_reader(block: SBlock, match: PackedGemm) -> bool:
+    """``block`` is the packed GEMM itself (its init/update halves once decomposed)."""
+    return isinstance(block.body, tirx.BufferStore) and block.body.buffer.same_as(match.acc)
+
+
+def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = None
+          ) -> tuple[tirx.Stmt, str]:
     match = match_packed_gemm(gemm)
     if match is None:
         raise ValueError(f"{gemm.name_hint}: no longer a packed GEMM after scheduling")
@@ -380,16 +416,25 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams) -> tuple[tirx.Stmt, str]:
     # block of it is converted once into a float32 block (gemm_template's staged B)
     kc, nc = params.gemm_blocks(mr, match.nr)
     blocking = Blocking(mr, match.nr, params.lanes, kc, max(nc, match.nr))
+    pack_b = None
+    if packer is not None:
+        store_p = packer.body
+        ivs = [iv.var for iv in packer.iter_vars]
+
+        def pack_b(panel, kk, lane):
+            return _substitute(store_p.value, bind(zip(ivs, (panel, kk, lane))))
     spec = Gemm(const_int(rows) if const_int(rows) is not None else rows, n, k, load_a,
-                match.load_b, partial_at, final, widened=b_bytes != 4)
+                match.load_b, partial_at, final, widened=b_bytes != 4, pack_b=pack_b)
     nest = emit_gemm(spec, blocking, params.cores)
     widened = "" if b_bytes == 4 else (
         f"; {match.bp.ty.dtype} weights widened in registers (converted once per B block "
         f"beyond {STREAM_ROW_TILES * mr} rows)")
     if match.scale is not None:
         widened += f", scaled per block of {match.block} k"
-    note = (f"{blocking.describe()}{widened}; {parallel_plan(n, blocking, params.cores)[0]}"
-            + ("; A copied row-major first" if prologue else ""))
+    threads = parallel_plan(n, blocking, params.cores, spec.rows)[0]
+    note = (f"{blocking.describe()}{widened}; {threads}"
+            + ("; A copied row-major first" if prologue else "")
+            + (f"; B packed per block from {packer.name_hint!r}" if packer is not None else ""))
     return tirx.SeqStmt([*prologue, nest]) if prologue else nest, note
 
 

@@ -56,6 +56,8 @@ LoadB = Callable[[tvm.ir.Expr, tvm.ir.Expr, tvm.ir.Expr], tvm.ir.Expr]
 PartialAt = Callable[[tvm.ir.Expr, tvm.ir.Expr], tuple]
 # The final store of C[row, col] = value, with the epilogue applied.
 StoreC = Callable[[tvm.ir.Expr, tvm.ir.Expr, tvm.ir.Expr], tirx.Stmt]
+# The value of the packed B at (panel, k, lane), for a B packed by the nest itself.
+PackB = Callable[[tvm.ir.Expr, tvm.ir.Expr, tvm.ir.Expr], tvm.ir.Expr]
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,10 @@ class Gemm:
     # row tiles, each K×NC block of B is converted once into a float32 block that every row
     # tile then reads, instead of being widened again for each
     widened: bool = False
+    # B computed, not a constant (a conv's im2col matrix): each KC × NC block of panels is
+    # packed by the nest just before its micro-kernels read it (MLAS's order), into a
+    # buffer that stays in L2, instead of the whole matrix going through memory first
+    pack_b: PackB | None = None
 
 
 def _i64(value) -> tvm.ir.Expr:
@@ -236,23 +242,53 @@ class _Emitter:
         klen = _i64(self.kc) if whole else tirx.min(_i64(self.kc), _i64(self.g.k) - k0)
         return (k0, klen, kc == _i64(0), kc == _i64(self.k_blocks) - _i64(1))
 
-    def panel_block(self, panels_from, panels_count, cols: int, base, count) -> tirx.Stmt:
+    def panel_block(self, panels_from, panels_count, cols: int, base, count,
+                    most_panels: int = 1) -> tirx.Stmt:
         """MLAS order over a block of full panels (or the one tail panel, ``cols`` < NR) for
         rows ``base``..``base + count``: kc → ir → jr, then the M tail's tiles per panel."""
-        mr = self.b.mr
+        mr, nr = self.b.mr, self.b.nr
+        packed, b_at = None, None
+        if self.g.pack_b is not None:
+            most = const_int(panels_count) or most_panels
+            depth = self.kc if isinstance(self.kc, int) else self.g.k
+            # flat: TVM 0.27's region bound estimate divided by zero on the 3-D form
+            packed = tirx.decl_buffer((most * depth * nr,), _F32, "b_block")
 
         def over_k(kc):
+            nonlocal b_at
             kv = self.k_block(kc)
+            k0, klen = kv[0], kv[1]
+            pack = None
+            if packed is not None:
+                def at(jr, kk, c):
+                    return (jr * _i64(depth) + kk) * _i64(nr) + c
+
+                def b_at(panel, k, c):
+                    return tirx.BufferLoad(packed, [at(panel - panels_from, k - k0, c)])
+                def pack_panel(jr):
+                    body = _loop("kk", klen, lambda kk: _loop(
+                        "lane", nr, lambda lane: tirx.BufferStore(
+                            packed, self.g.pack_b(panels_from + jr, k0 + kk, lane),
+                            [at(jr, kk, lane)]), tirx.ForKind.VECTORIZED))
+                    if const_int(panels_count) is not None:
+                        return body
+                    return tirx.IfThenElse(jr < panels_count, body, None)
+                # a constant trip count: with the last N block's min() as the extent, TVM
+                # 0.27's CompactBufferAllocation divided by zero bounding the input's region
+                pack = _loop("jr", const_int(panels_count) or most, pack_panel)
             tiles = _simplify(tirx.floordiv(count, _i64(mr)))
 
             def nests(load_b):
-                out = [_loop("ir", tiles, lambda ir: _loop("jr", panels_count, lambda jr:
-                       self.tile(mr, base + ir * mr, panels_from + jr, cols, *kv, load_b)))]
+                out = [] if const_int(tiles) == 0 else [  # fewer rows than MR: tails only
+                    _loop("ir", tiles, lambda ir: _loop("jr", panels_count, lambda jr:
+                          self.tile(mr, base + ir * mr, panels_from + jr, cols, *kv, load_b)))]
                 if self.row_tails(kv, panels_from, cols, base, count):
                     out.append(_loop("jr", panels_count, lambda jr: _seq(
                         self.row_tails(kv, panels_from + jr, cols, base, count, load_b))))
                 return _seq(out)
 
+            if packed is not None:
+                return _seq([tirx.AllocBuffer(packed), pack, nests(b_at)])
             if not self.g.widened or self.streaming is True:
                 return nests(None)
             staged = self.staged(panels_from, panels_count, kv, nests)
@@ -296,7 +332,8 @@ class _Emitter:
                 even = isinstance(per, int) and full_panels % per == 0
                 size = _i64(per) if even else \
                     tirx.min(_i64(per), _i64(full_panels) - jc * _i64(per))
-                return self.panel_block(jc * _i64(per), size, self.b.nr, base, count)
+                return self.panel_block(jc * _i64(per), size, self.b.nr, base, count,
+                                        per if isinstance(per, int) else full_panels)
             nests.append(_loop("jc", blocks, jc_block, kind))
         if tail_cols:
             nests.append(self.panel_block(_i64(full_panels), _i64(1), tail_cols, base, count))
@@ -315,18 +352,24 @@ def _simplify(expr):
     return sym.Analyzer().simplify(expr)
 
 
-def parallel_plan(n: int, blk: Blocking, cores: int) -> tuple[str, int]:
+def parallel_plan(n: int, blk: Blocking, cores: int, rows=None) -> tuple[str, int]:
     """How the nest uses ``cores`` threads, and the full panels per N block: N blocks in
     parallel when there are at least as many as cores (each block then at most 1/cores of N),
-    else row ranges in parallel (N of one or two panels), else one thread."""
+    else row ranges in parallel (N of one or two panels) when ``rows`` (M, when known) fill more
+    than one row tile, else one thread."""
     full_panels = n // blk.nr
     per_block = max(1, blk.nc // blk.nr)
+    known = const_int(rows) if rows is not None else None
     if cores <= 1:
         return "one thread", per_block
-    per_block = max(1, min(per_block, -(-full_panels // cores)))
-    if -(-full_panels // per_block) >= cores:
-        return "parallel N blocks", per_block
-    return "parallel row ranges", per_block
+    shared = max(1, min(per_block, -(-full_panels // cores)))
+    if -(-full_panels // shared) >= cores:
+        return "parallel N blocks", shared
+    if known is not None and known <= blk.mr:
+        # one row tile (a GEMV, a conv over one position): a second range would be empty,
+        # and its runtime-sized row tails would be emitted for nothing
+        return "one thread", per_block
+    return "parallel row ranges", shared
 
 
 def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
@@ -334,17 +377,20 @@ def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
     :func:`parallel_plan` says."""
     rows = _simplify(_i64(gemm.rows))
     em = _Emitter(gemm, blk, rows)
-    mode, per_block = parallel_plan(gemm.n, blk, cores)
+    mode, per_block = parallel_plan(gemm.n, blk, cores, rows)
     if mode != "parallel row ranges":
         return _seq(em.columns(_i64(0), rows, per_block, mode == "parallel N blocks"))
     chunk = _simplify(tirx.floordiv(rows + _i64(cores * blk.mr - 1), _i64(cores * blk.mr))
                       * _i64(blk.mr))
+    known, size = const_int(rows), const_int(chunk)
+    # M known: only the ranges that hold rows (13 rows in chunks of 6 on 4 cores: 3)
+    ranges = cores if known is None or not size else min(cores, -(-known // size))
 
     def rows_of(t):
         base = t * chunk
         count = tirx.max(_i64(0), tirx.min(chunk, rows - base))
         return _seq(em.columns(base, count, per_block, False))
-    return _loop("rows", cores, rows_of, tirx.ForKind.PARALLEL)
+    return _loop("rows", ranges, rows_of, tirx.ForKind.PARALLEL)
 
 
 def _le(rows, limit: int):

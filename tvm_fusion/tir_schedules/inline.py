@@ -14,7 +14,7 @@ storing it once (:func:`inline_decision`); the reason is recorded per buffer.
 
 from __future__ import annotations
 
-from tvm import s_tir
+from tvm import s_tir, tirx
 
 from .analysis import BlockFacts, block_facts, numel, param_names, root_block, uses_var
 from .fast_math import MAX_NESTED
@@ -74,6 +74,9 @@ def inline_decision(sch: s_tir.Schedule, block_rv, facts: BlockFacts) -> tuple[b
     if facts.cost == 0:
         for consumer in consumers:
             cf = block_facts(sch, consumer)
+            if _read_as_panels(cf, facts.write):
+                return False, (f"packed into the GEMM panels {cf.name!r} reads (a conv's im2col "
+                               f"matrix): packed once, read {reuse:.0f}x")
             if _read_across_output_axis(cf, facts.write) and cf.volume() >= 8 * size:
                 return False, (f"operand of Many-to-Many {cf.name!r} read across its output "
                                f"axis: kept to be written with that axis innermost")
@@ -105,6 +108,22 @@ def _read_across_output_axis(cf: BlockFacts | None, buffer: str) -> bool:
         dims = [i for i, ix in enumerate(read.indices) if uses_var(ix, v)]
         if (len(dims) == 1 and dims[0] != len(read.indices) - 1
                 and any(uses_var(read.indices[-1], k) for k in cf.reduce)):
+            return True
+    return False
+
+
+def _read_as_panels(cf: BlockFacts | None, buffer: str) -> bool:
+    """A reduction reads ``buffer`` as packed GEMM panels, ``Bp[j // NR, k, j % NR]``
+    (``layout/gemm_pack.py``): inlined, the packed GEMM kernel would not recognise it."""
+    if cf is None or not cf.is_reduction or not cf.spatial or len(cf.reduce) != 1:
+        return False
+    j, k = cf.spatial[-1], cf.reduce[0]
+    for read in cf.reads_of(buffer):
+        if len(read.indices) != 3:
+            continue
+        panel, kk, lane = read.indices
+        if (isinstance(panel, tirx.FloorDiv) and isinstance(lane, tirx.FloorMod)
+                and panel.a.same_as(j) and lane.a.same_as(j) and kk.same_as(k)):
             return True
     return False
 

@@ -771,7 +771,21 @@ def remote_run(executable, inputs: list[np.ndarray], tracker: str, key: str,
     dev = session.device(_device_type(target), 0)
     vm = relax.VirtualMachine(session.load_module(name), dev)
     result = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs])
-    return flatten_outputs(result)
+    return _remote_outputs(session, result)
+
+
+def _remote_outputs(session, value) -> list[np.ndarray]:
+    """A VM result on the device as numpy arrays: a tuple of outputs stays there as an opaque
+    ``RPCObjectRef`` (not iterable here), so its items are fetched through the device's own
+    ``ffi.ArraySize`` / ``ffi.ArrayGetItem``."""
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    if type(value).__name__ != "RPCObjectRef":
+        return flatten_outputs(value)
+    size = session.get_function("ffi.ArraySize")
+    get_item = session.get_function("ffi.ArrayGetItem")
+    return [out for i in range(int(size(value)))
+            for out in _remote_outputs(session, get_item(value, i))]
 
 
 __all__ = ["TuneConfig", "TuneResult", "KernelResult", "TuneError", "tune", "compile_tuned",

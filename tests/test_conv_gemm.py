@@ -1,0 +1,191 @@
+"""Dense NCHW convs as the packed GEMM (``layout/gemm_pack.py``: the weight as A, the im2col
+matrix packed per call into panels as B): which convs take it, the panel plan, and the same
+numbers as ONNX Runtime on odd channels, strides, dilations, padding and batches."""
+
+import numpy as np
+import pytest
+import tvm
+from conftest import TARGET
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_fusion.compile import compile_model, count_kernels, fuse, import_onnx, run
+from tvm_fusion.layout.gemm_pack import plan_conv_gemm
+from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.tir_schedules.cpu_target import cpu_params
+
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 1})
+NEON = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+
+
+def conv_model(c_in, c_out, size, k, stride=1, pad=0, dilation=1, groups=1, batch=1,
+               pads=None):
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((c_out, c_in // groups, k, k)).astype("float32")
+    bias = rng.standard_normal(c_out).astype("float32")
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=[k, k],
+                            strides=[stride] * 2, pads=pads or [pad] * 4,
+                            dilations=[dilation] * 2, group=groups)
+    relu = helper.make_node("Relu", ["y"], ["z"])
+    graph = helper.make_graph(
+        [node, relu], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c_in, size, size])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _schedule_notes(mod) -> str:
+    return " ".join(str(f.attrs["tvm_fusion.schedule"]) for f in mod.functions.values()
+                    if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None
+                    and "tvm_fusion.schedule" in f.attrs)
+
+
+def _check(model, target, batch=1, **options):
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    shape[0] = shape[0] or batch
+    x = np.random.default_rng(3).standard_normal(shape).astype("float32")
+    got = run(compile_model(import_onnx(model), target, **options), [x])
+    compare(got, onnx_reference(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+CASES = {
+    "1x1": (16, 24, 9, 1),  # flat positions, a tail panel (81 columns)
+    "1x1-stride2": (16, 8, 10, 1, 2),
+    "3x3-pad": (8, 16, 12, 3, 1, 1),
+    "3x3-stride2-odd": (17, 33, 13, 3, 2, 1),
+    "3x3-dilated": (8, 12, 11, 3, 1, 2, 2),
+    "7x7-stride2-3ch": (3, 16, 20, 7, 2, 3),
+    "4x4-stride4": (3, 8, 16, 4, 4),
+    "odd-7x7-map": (5, 7, 7, 3, 1, 1),
+    "multi-k-block": (40, 16, 8, 3, 1, 1),  # K = 360: two K blocks of packed panels
+    "positions-as-rows": (16, 40, 5, 3, 1, 1),  # 25 positions < 40 channels
+    "positions-as-rows-1x1-odd": (17, 33, 5, 1),
+    # stride 1 on the padded input's flat positions (ConvGemm.padded_flat)
+    "padded-flat-batch": (6, 24, 17, 3, 1, 1, 1, 1, 2),  # across two images
+    "padded-flat-5x5-batch": (6, 24, 25, 5, 1, 2, 1, 1, 2),
+    "padded-flat-dilated": (6, 24, 25, 3, 1, 2, 2),
+}
+
+
+@pytest.mark.parametrize("target", [TARGET, AVX2], ids=["llvm", "avx2"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_conv_as_packed_gemm_matches_onnxruntime(name, target):
+    model = conv_model(*CASES[name])
+    notes = _schedule_notes(fuse(import_onnx(model), target))
+    assert "packed GEMM" in notes, notes
+    if name.startswith("padded-flat"):
+        c_in, c_out, size, k, _, pad, *rest = CASES[name]
+        dilation, batch = (rest + [1, 1, 1])[0], (rest + [1, 1, 1])[2]
+        plan = plan_conv_gemm([batch, c_in, size, size], (k, k), (1, 1), (pad,) * 4,
+                              (dilation,) * 2, cpu_params(target), c_out)
+        assert plan.padded_flat, plan
+    _check(model, target)
+
+
+def test_batch_and_asymmetric_padding():
+    model = conv_model(6, 10, 9, 3, 1, batch=3, pads=[0, 1, 2, 1])
+    notes = _schedule_notes(fuse(import_onnx(model), AVX2))
+    assert "B packed per block" in notes, notes  # the im2col stage runs inside the GEMM
+    _check(model, AVX2)
+
+
+def test_grouped_and_symbolic_convs_keep_the_direct_conv():
+    grouped = conv_model(8, 8, 10, 3, 1, 1, groups=8)
+    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(grouped), AVX2))
+    _check(grouped, AVX2)
+    symbolic = conv_model(8, 16, 10, 3, 1, 1)
+    symbolic.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(symbolic), AVX2))
+    _check(symbolic, AVX2, batch=2)
+
+
+@pytest.mark.parametrize("layout", ["NCHWc", "NCHW"])
+def test_gemm_route_only_under_auto(layout):
+    model = conv_model(16, 16, 8, 3, 1, 1)
+    notes = _schedule_notes(fuse(import_onnx(model), AVX2, conv_layout=layout))
+    assert "packed GEMM" not in notes, notes
+
+
+def test_gemm_followed_by_a_pool_in_one_kernel():
+    """A conv GEMM and a max pool forced into one kernel: the pool's rule must not move the
+    GEMM's write-back under its loops (the template replaces that nest: the pool was lost)."""
+    from tvm_fusion.models.conv_chains import chain_model
+    model = chain_model(8, 12, [("conv", 8, 3, 1, 1, 1, None), ("maxpool", 3, 2, 1)])
+    forced = {"table3": {("M2M", "M2M"): "green"}}
+    notes = _schedule_notes(fuse(import_onnx(model), TARGET, **forced))
+    assert "packed GEMM" in notes and "pool" in notes, notes
+    x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype("float32")
+    got = run(compile_model(import_onnx(model), TARGET, **forced), [x])
+    compare(got, run(compile_model(import_onnx(model), TARGET, conv_layout="NCHW"), [x]),
+            rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", [AVX2, NEON], ids=["avx2", "neon"])
+@pytest.mark.parametrize("out_w", [7, 14, 28, 31, 56, 112])
+def test_panels_hold_whole_output_rows(target, out_w):
+    params = cpu_params(target)
+    size = 2 * out_w  # stride 2: output rows padded to whole panels
+    plan = plan_conv_gemm([1, 8, size, size], (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), params)
+    assert not plan.padded_flat and plan.out_w == out_w
+    assert plan.nr % params.lanes == 0 and plan.row % plan.nr == 0
+    assert plan.row - out_w < plan.nr  # at most one partly used panel per row
+    flat = plan_conv_gemm([2, 8, out_w, out_w], (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), params)
+    assert flat.flat and flat.row == out_w
+    wide = plan_conv_gemm([1, 8, out_w, out_w], (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), params,
+                          out_channels=out_w * out_w + 1)
+    assert wide.positions_as_rows
+
+
+@pytest.mark.parametrize("target", [AVX2, NEON], ids=["avx2", "neon"])
+@pytest.mark.parametrize("out_w", [7, 14, 28, 31, 56, 112])
+def test_stride_one_takes_the_fewer_columns(target, out_w):
+    """Stride 1: the padded input's flat positions (a row costs its padded width) or rows
+    padded to whole panels, whichever computes fewer panel columns."""
+    params = cpu_params(target)
+    plan = plan_conv_gemm([2, 8, out_w, out_w], (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), params)
+    panels = -(-plan.columns(2) // plan.nr) * plan.nr
+    by_rows = 2 * out_w * -(-out_w // plan.nr) * plan.nr
+    if plan.padded_flat:
+        assert plan.row == out_w + 2 and plan.image == (out_w + 2) ** 2
+        assert panels <= by_rows + plan.nr
+    if out_w == 56 and params.isa != "sse":  # 58 columns a row against 64
+        assert plan.padded_flat
+
+
+def squeeze_excite_model(channels: int, reduced: int, size: int):
+    """EfficientNet's squeeze-excite: a global average pool, a 1×1 conv + SiLU and a 1×1 conv
+    + sigmoid on the 1×1 map, the gate multiplied into the input."""
+    rng = np.random.default_rng(5)
+    consts = {"W1": (reduced, channels, 1, 1), "B1": (reduced,), "W2": (channels, reduced, 1, 1),
+              "B2": (channels,)}
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+             helper.make_node("Conv", ["p", "W1", "B1"], ["r"]),
+             helper.make_node("Sigmoid", ["r"], ["rs"]),
+             helper.make_node("Mul", ["r", "rs"], ["a"]),
+             helper.make_node("Conv", ["a", "W2", "B2"], ["e"]),
+             helper.make_node("Sigmoid", ["e"], ["g"]), helper.make_node("Mul", ["x", "g"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size,
+                                                                             size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(rng.standard_normal(s).astype("float32"), n)
+         for n, s in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("target", [TARGET, AVX2], ids=["llvm", "avx2"])
+def test_squeeze_excite_convs_on_one_position_stay_fused(target):
+    """The 1×1 convs of a squeeze-excite run on one position (M = 1 with the positions as
+    rows): one row tile, one thread. With two row ranges (the second empty) and every row-tail
+    tile under a runtime test, the fusion guard counted 17-117x the arithmetic of the parts and
+    split EfficientNet-B0's conv + SiLU kernels (117 kernels against stock's 100)."""
+    model = squeeze_excite_model(40, 10, 6)
+    mod = fuse(import_onnx(model), target)
+    notes = _schedule_notes(mod)
+    assert "one thread" in notes and "row ranges" not in notes, notes
+    assert count_kernels(mod) <= count_kernels(fuse(import_onnx(model), target, strategy="tvm"))
+    _check(model, target)

@@ -1,22 +1,24 @@
-"""Fused attention on GPUs (CUDA, OpenCL): the CPU template's structure, one thread per row.
+"""Fused attention on GPUs (CUDA, OpenCL): the CPU template's structure, one generated kernel.
 
-The same pieces as on CPU (:mod:`.attention_match`), generated as one kernel:
+The same pieces as on CPU (:mod:`.attention_match`):
 
-* one thread block per (batch…, block of ``bq`` query rows); one thread per query row, holding
-  its query (``dk`` values), its accumulator (``dv``), its running maximum and sum in
-  registers;
-* per tile of ``bk`` keys the block loads K and V into shared memory together (each thread a
-  strided share of the elements), then every thread computes its row's scores for the tile
-  (the score function applied), the tile maximum, and rescales its sum and accumulator once
-  per tile: online softmax, no score matrix anywhere;
+* one thread block per (batch…, block of ``bq`` query rows); ``lanes`` threads per query row
+  (:func:`gpu_tiles`: 1 where that fills the processors, else 8), each holding the query
+  (``dk`` values), its accumulator (``dv``), its running maximum and sum in registers;
+* per tile of ``bk`` keys the block loads K and V into shared memory together (consecutive
+  threads, consecutive elements: coalesced; rows padded against bank conflicts), then every
+  thread computes the scores of its keys of the tile (lane ``t``: keys ``t, t + lanes, …``;
+  the score function applied), their maximum, and rescales its sum and accumulator once per
+  tile: online softmax, no score matrix anywhere;
 * masked tiles are skipped per row with the CPU template's exact test (the score function's
   value on the tile, the row's current maximum, finite inputs);
-* ``out = acc / l`` through the head merge's index map.
+* the lanes of a row are merged through shared memory (rescaled to the row's maximum), and
+  ``out = acc / l`` is written through the head merge's index map.
 
-Sizes come from the target: ``bq`` threads (at most ``max_num_threads``), ``bk`` keys so that
-both tiles fit the static shared memory. Sequence lengths may be symbolic (the grid is
-computed at launch). Numerics are checked on PoCL (OpenCL on the CPU); CUDA source compiles
-to PTX with ``nvcc`` where it is installed.
+Sizes come from the target: threads (``max_num_threads``, registers), the SM count (CUDA
+``arch``), ``bk`` so that the tiles fit the static shared memory. Sequence lengths may be
+symbolic (the grid is computed at launch). Numerics are checked on PoCL (OpenCL on the CPU);
+CUDA source compiles to PTX with ``nvcc`` where it is installed.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ _CUDA_SMS = {"sm_70": 80, "sm_75": 68, "sm_80": 108, "sm_86": 84, "sm_87": 16, "
 _DEFAULT_UNITS = 64
 _REGISTERS = 64 << 10  # 32-bit registers per block (and per SM) on every CUDA GPU since sm_50
 _REG_OVERHEAD = 40  # registers a thread needs besides its query and accumulator
+_ROW_BLOCK = 64  # rows per block, one thread each, where that fills the processors
+_ROW_KEYS = 32  # keys per shared tile then
 _LANES = 8  # threads sharing one query row (each takes every 8th key of a tile)
 _KEYS_PER_LANE = 8  # keys per thread per shared tile: the per-tile rescale's cost is 1/8
 
@@ -89,19 +93,19 @@ def padded_stride(width: int) -> int:
 
 
 def gpu_tiles(pattern: AttentionPattern, target) -> GpuTiles:
-    """Block shape for ``target``: ``_LANES`` threads per row; as many rows per block as the
-    thread limit (≤ 256) and shared memory allow, halved while a static length would leave
-    fewer than two blocks per processor; the key tile halved until the block's shared memory
-    fits."""
+    """Block shape for ``target``.
+
+    Where one thread per row already gives every processor two blocks (or the length is
+    symbolic) the kernel keeps one thread per row, ``_ROW_BLOCK`` rows and ``_ROW_KEYS`` keys
+    per tile: every block streams all K/V tiles, so fewer rows per block multiply that
+    traffic (on an H100, 8 lanes and 16 rows per block ran the Llama shape 1.5–2.8× slower).
+    Otherwise (few rows: ViT's 197, Swin's 49-token windows) ``_LANES`` threads share a row;
+    as many rows per block as the thread limit and two blocks' registers per processor allow,
+    halved while the grid would leave a processor fewer than two blocks. The key tile is
+    halved until the block's shared memory fits."""
     attrs = dict(target.attrs) if target is not None else {}
     threads = min(int(attrs.get("max_num_threads", 256)), 256)
-    # each thread holds its query and accumulator in registers: two blocks per SM's file
-    regs = int(attrs.get("registers_per_block", _REGISTERS))
-    while threads > _LANES and 2 * threads * (pattern.dk + pattern.dv + _REG_OVERHEAD) > regs:
-        threads //= 2
     shared = min(int(attrs.get("max_shared_memory_per_block", _SHARED)), _SHARED)
-    lanes = max(1, min(_LANES, threads))
-    bq = max(1, threads // lanes)
     sq = pattern.sq
     heads = 1
     static = isinstance(sq, tirx.IntImm)
@@ -110,13 +114,21 @@ def gpu_tiles(pattern: AttentionPattern, target) -> GpuTiles:
             heads *= int(ext.value)
         else:
             static = False
-    if isinstance(sq, tirx.IntImm) and int(sq.value) < bq:
-        bq = max(1, int(sq.value))
-    if static:
-        want = 2 * compute_units(target)
-        while bq > 4 and heads * (-(-int(sq.value) // bq)) < want:
+    rows = int(sq.value) if static else None
+    want = 2 * compute_units(target)
+    row_block = min(_ROW_BLOCK, threads)
+    if rows is None or heads * (-(-rows // row_block)) >= want:
+        lanes, bq, bk = 1, min(row_block, rows or row_block), _ROW_KEYS
+    else:
+        # each thread holds its query and accumulator in registers: two blocks per SM's file
+        regs = int(attrs.get("registers_per_block", _REGISTERS))
+        while threads > _LANES and 2 * threads * (pattern.dk + pattern.dv + _REG_OVERHEAD) > regs:
+            threads //= 2
+        lanes = max(1, min(_LANES, threads))
+        bq = max(1, min(threads // lanes, rows))
+        while bq > 4 and heads * (-(-rows // bq)) < want:
             bq //= 2
-    bk = lanes * _KEYS_PER_LANE
+        bk = lanes * _KEYS_PER_LANE
     while shared_bytes(GpuTiles(bq, lanes, bk), pattern.dk, pattern.dv) > shared:
         if bk > lanes:
             bk //= 2

@@ -293,6 +293,10 @@ def _gpu_module(model, target):
 
 @pytest.mark.parametrize("kind,options", [("llama", {}), ("swin", {}),
                                           ("gpt2", {}),
+                                          # enough rows for one thread per row (tail of 4)
+                                          ("gpt2", {"seq": 260, "heads": 32}),
+                                          # ViT's shape: 197 rows, several rows per block
+                                          ("bert", {"seq": 197, "heads": 12, "head_dim": 64}),
                                           pytest.param("llama", {"dtype": "float16"},
                                                        marks=pytest.mark.slow)])
 def test_gpu_kernel_on_pocl(kind, options):
@@ -312,6 +316,31 @@ def test_gpu_kernel_on_pocl(kind, options):
     tol = 2e-3 if options.get("dtype") == "float16" else 1e-5
     np.testing.assert_allclose(ours[0].astype(np.float32), ref[0].astype(np.float32),
                                rtol=tol, atol=tol)
+
+
+def test_gpu_blocks_follow_the_target():
+    """One thread per row where that fills the SMs (a symbolic length); else several threads
+    per row, rows per block halved until every SM gets two blocks (ViT-B/16's 12 heads × 197
+    rows on an H100's 132); shared memory fits."""
+    from tvm_fusion.tir_schedules.attention_gpu import gpu_tiles, shared_bytes
+
+    def tiles(model, target):
+        mod = fuse(import_onnx(model), target, schedule=False)
+        (pattern,) = [match_attention(f) for f in mod.functions.values()
+                      if isinstance(f, tvm.tirx.PrimFunc)]
+        return pattern, gpu_tiles(pattern, target)
+
+    h100 = tvm.target.Target({"kind": "cuda", "arch": "sm_90"}, host="llvm")
+    pattern, vit = tiles(attention_model("bert", seq=197, heads=12, head_dim=64), h100)
+    assert vit.lanes > 1 and 12 * -(-197 // vit.bq) >= 2 * 132
+    assert shared_bytes(vit, 64, 64) <= 48 << 10
+    _, llama = tiles(attention_model("llama", seq="seq", head_dim=64), h100)
+    assert (llama.lanes, llama.bq) == (1, 64)  # symbolic length: one thread per row
+    assert shared_bytes(llama, 64, 64) <= 48 << 10
+    small = tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_num_threads": 64,
+                               "max_shared_memory_per_block": 16 << 10}, host="llvm")
+    _, little = tiles(attention_model("llama", seq="seq", head_dim=64), small)
+    assert little.bq * little.lanes <= 64 and shared_bytes(little, 64, 64) <= 16 << 10
 
 
 def test_cuda_kernel_compiles_to_ptx():

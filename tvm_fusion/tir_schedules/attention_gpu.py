@@ -1,27 +1,30 @@
-"""Fused attention on GPUs (CUDA, OpenCL): the CPU template's structure, one thread per row.
+"""Fused attention on GPUs (CUDA, OpenCL): the CPU template's structure, one generated kernel.
 
-The same pieces as on CPU (:mod:`.attention_match`), generated as one kernel:
+The same pieces as on CPU (:mod:`.attention_match`):
 
-* one thread block per (batch…, block of ``bq`` query rows); one thread per query row, holding
-  its query (``dk`` values), its accumulator (``dv``), its running maximum and sum in
-  registers;
-* per tile of ``bk`` keys the block loads K and V into shared memory together (each thread a
-  strided share of the elements), then every thread computes its row's scores for the tile
-  (the score function applied), the tile maximum, and rescales its sum and accumulator once
-  per tile: online softmax, no score matrix anywhere;
+* one thread block per (batch…, block of ``bq`` query rows); ``lanes`` threads per query row
+  (:func:`gpu_tiles`: 1 where that fills the processors, else 8), each holding the query
+  (``dk`` values), its accumulator (``dv``), its running maximum and sum in registers;
+* per tile of ``bk`` keys the block loads K and V into shared memory together (consecutive
+  threads, consecutive elements: coalesced; rows padded against bank conflicts), then every
+  thread computes the scores of its keys of the tile (lane ``t``: keys ``t, t + lanes, …``;
+  the score function applied), their maximum, and rescales its sum and accumulator once per
+  tile: online softmax, no score matrix anywhere;
 * masked tiles are skipped per row with the CPU template's exact test (the score function's
   value on the tile, the row's current maximum, finite inputs);
-* ``out = acc / l`` through the head merge's index map.
+* the lanes of a row are merged through shared memory (rescaled to the row's maximum), and
+  ``out = acc / l`` is written through the head merge's index map.
 
-Sizes come from the target: ``bq`` threads (at most ``max_num_threads``), ``bk`` keys so that
-both tiles fit the static shared memory. Sequence lengths may be symbolic (the grid is
-computed at launch). Numerics are checked on PoCL (OpenCL on the CPU); CUDA source compiles
-to PTX with ``nvcc`` where it is installed.
+Sizes come from the target: threads (``max_num_threads``, registers), the SM count (CUDA
+``arch``), ``bk`` so that the tiles fit the static shared memory. Sequence lengths may be
+symbolic (the grid is computed at launch). Numerics are checked on PoCL (OpenCL on the CPU);
+CUDA source compiles to PTX with ``nvcc`` where it is installed.
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import tvm
 from tvm import tirx
@@ -42,31 +45,106 @@ from .records import SCHEDULE_ATTR, ScheduleFailedWarning, first_line, restore_s
 ATTENTION_GPU_ATTR = "tvm_fusion.attention"
 _SHARED = 48 << 10
 _THREAD_INDEX = 1  # IterVar kind of a thread binding
+# Streaming multiprocessors per CUDA architecture (TVM's CUDA target has no attribute for it):
+# the grid is sized to give each at least two blocks. Other targets: _DEFAULT_UNITS.
+_CUDA_SMS = {"sm_70": 80, "sm_75": 68, "sm_80": 108, "sm_86": 84, "sm_87": 16, "sm_89": 128,
+             "sm_90": 132, "sm_90a": 132, "sm_100": 148, "sm_120": 84}
+_DEFAULT_UNITS = 64
+_REGISTERS = 64 << 10  # 32-bit registers per block (and per SM) on every CUDA GPU since sm_50
+_REG_OVERHEAD = 40  # registers a thread needs besides its query and accumulator
+_ROW_BLOCK = 64  # rows per block, one thread each, where that fills the processors
+_ROW_KEYS = 32  # keys per shared tile then
+_LANES = 8  # threads sharing one query row (each takes every 8th key of a tile)
+_KEYS_PER_LANE = 8  # keys per thread per shared tile: the per-tile rescale's cost is 1/8
 
-__all__ = ["build_gpu_attention", "gpu_tiles", "try_schedule_attention_gpu"]
+__all__ = ["GpuTiles", "build_gpu_attention", "gpu_tiles", "try_schedule_attention_gpu"]
 
 
-def gpu_tiles(pattern: AttentionPattern, target) -> tuple[int, int]:
-    """(bq threads/rows per block, bk keys per shared tile) for ``target``."""
+class GpuTiles(NamedTuple):
+    """bq query rows per block, ``lanes`` threads per row, bk keys per shared tile."""
+
+    bq: int
+    lanes: int
+    bk: int
+
+
+def compute_units(target) -> int:
+    """The target's parallel processors (SMs on CUDA, by ``arch``)."""
+    if target is None:
+        return _DEFAULT_UNITS
+    if target.kind.name == "cuda":
+        return _CUDA_SMS.get(str(dict(target.attrs).get("arch", "")), _DEFAULT_UNITS)
+    return _DEFAULT_UNITS
+
+
+def shared_bytes(tiles: GpuTiles, dk: int, dv: int) -> int:
+    """Static shared memory of one block: padded K and V tiles, the lanes' maxima and sums,
+    the merge's ``lanes`` columns per thread."""
+    bq, lanes, bk = tiles
+    return 4 * (bk * padded_stride(dk) + bk * padded_stride(dv) + bq * lanes * (2 + lanes))
+
+
+def padded_stride(width: int) -> int:
+    """A shared tile's row stride: a multiple of 4 floats (16-byte loads) with an odd number
+    of 16-byte units, so that the lanes of a row, reading 16 bytes of different rows at the
+    same column, hit different banks."""
+    stride = -(-width // 4) * 4
+    return stride + 4 if (stride // 4) % 2 == 0 else stride
+
+
+def gpu_tiles(pattern: AttentionPattern, target) -> GpuTiles:
+    """Block shape for ``target``.
+
+    Where one thread per row already gives every processor two blocks (or the length is
+    symbolic) the kernel keeps one thread per row, ``_ROW_BLOCK`` rows and ``_ROW_KEYS`` keys
+    per tile: every block streams all K/V tiles, so fewer rows per block multiply that
+    traffic (on an H100, 8 lanes and 16 rows per block ran the Llama shape 1.5–2.8× slower).
+    Otherwise (few rows: ViT's 197, Swin's 49-token windows) ``_LANES`` threads share a row;
+    as many rows per block as the thread limit and two blocks' registers per processor allow,
+    halved while the grid would leave a processor fewer than two blocks. The key tile is
+    halved until the block's shared memory fits."""
     attrs = dict(target.attrs) if target is not None else {}
-    threads = int(attrs.get("max_num_threads", 256))
+    threads = min(int(attrs.get("max_num_threads", 256)), 256)
     shared = min(int(attrs.get("max_shared_memory_per_block", _SHARED)), _SHARED)
-    bq = max(1, min(64, threads))
     sq = pattern.sq
-    if isinstance(sq, tirx.IntImm) and int(sq.value) < bq:
-        bq = max(1, int(sq.value))
-    per_key = 4 * (pattern.dk + pattern.dv)
-    bk = 32
-    while bk > 1 and bk * per_key > shared:
-        bk //= 2
-    return bq, bk
+    heads = 1
+    static = isinstance(sq, tirx.IntImm)
+    for ext in pattern.batch_extents:
+        if isinstance(ext, tirx.IntImm):
+            heads *= int(ext.value)
+        else:
+            static = False
+    rows = int(sq.value) if static else None
+    want = 2 * compute_units(target)
+    row_block = min(_ROW_BLOCK, threads)
+    if rows is None or heads * (-(-rows // row_block)) >= want:
+        lanes, bq, bk = 1, min(row_block, rows or row_block), _ROW_KEYS
+    else:
+        # each thread holds its query and accumulator in registers: two blocks per SM's file
+        regs = int(attrs.get("registers_per_block", _REGISTERS))
+        while threads > _LANES and 2 * threads * (pattern.dk + pattern.dv + _REG_OVERHEAD) > regs:
+            threads //= 2
+        lanes = max(1, min(_LANES, threads))
+        bq = max(1, min(threads // lanes, rows))
+        while bq > 4 and heads * (-(-rows // bq)) < want:
+            bq //= 2
+        bk = lanes * _KEYS_PER_LANE
+    while shared_bytes(GpuTiles(bq, lanes, bk), pattern.dk, pattern.dv) > shared:
+        if bk > lanes:
+            bk //= 2
+        elif bq > 1:
+            bq //= 2
+        else:
+            break
+    return GpuTiles(bq, lanes, bk)
 
 
 def build_gpu_attention(pattern: AttentionPattern, target,
-                        tiles: tuple[int, int] | None = None) -> tuple[tirx.PrimFunc, list[str]]:
+                        tiles: GpuTiles | None = None) -> tuple[tirx.PrimFunc, list[str]]:
     """The attention as one generated GPU kernel with ``pattern.func``'s signature."""
     p = pattern
-    bq, bk = tiles or gpu_tiles(p, target)
+    bq, lanes, bk = tiles or gpu_tiles(p, target)
+    kpl = -(-bk // lanes)
     itype = str(p.i.ty)
     dk, dv = p.dk, p.dv
     sq, sk = p.sq, p.sk
@@ -79,20 +157,28 @@ def build_gpu_attention(pattern: AttentionPattern, target,
     blocks = tirx.Cast("int32", heads * n_qb)
     bx_iv = tirx.IterVar(tvm.ir.Range(0, blocks), tirx.Var("blockIdx.x", "int32"),
                          _THREAD_INDEX, "blockIdx.x")
-    tx_iv = tirx.IterVar(tvm.ir.Range(0, bq), tirx.Var("threadIdx.x", "int32"),
+    tx_iv = tirx.IterVar(tvm.ir.Range(0, lanes), tirx.Var("threadIdx.x", "int32"),
                          _THREAD_INDEX, "threadIdx.x")
-    bx, tx = bx_iv.var, tx_iv.var
+    ty_iv = tirx.IterVar(tvm.ir.Range(0, bq), tirx.Var("threadIdx.y", "int32"),
+                         _THREAD_INDEX, "threadIdx.y")
+    bx, tx, ty = bx_iv.var, tx_iv.var, ty_iv.var
+    nthreads = bq * lanes
     with IRBuilder() as ib:
         with T.serial(0, 1):  # a frame to build in; the thread launches wrap it below
             task = tirx.Cast(itype, bx)
             qb, batch = split_task(task, n_qb, p.batch_extents)
-            row = qb * bq + tirx.Cast(itype, tx)
-            kt = T.alloc_buffer((bk, dk), F32, scope="shared")
-            vt = T.alloc_buffer((bk, dv), F32, scope="shared")
+            row = qb * bq + tirx.Cast(itype, ty)
+            tid = ty * lanes + tx
+            # flat, rows padded (see padded_stride): the lanes of a row read different keys
+            kt = T.alloc_buffer((bk * padded_stride(dk),), F32, scope="shared")
+            vt = T.alloc_buffer((bk * padded_stride(dv),), F32, scope="shared")
+            mb = T.alloc_buffer((nthreads,), F32, scope="shared")
+            lb = T.alloc_buffer((nthreads,), F32, scope="shared")
+            cb = T.alloc_buffer((nthreads, lanes), F32, scope="shared")
             q = T.alloc_buffer((dk,), F32, scope="local")
             acc = T.alloc_buffer((dv,), F32, scope="local")
-            sc = T.alloc_buffer((bk,), F32, scope="local")
-            st = T.alloc_buffer((4,), F32, scope="local")  # m, l, m_new, tile sum
+            sc = T.alloc_buffer((kpl,), F32, scope="local")
+            st = T.alloc_buffer((4,), F32, scope="local")  # m, l, m_new, correction
             with T.serial(0, dk) as c:
                 T.buffer_store(q, tirx.if_then_else(row < sq, value_at(p.query, p, batch, i=row,
                                                                  k=c),
@@ -103,10 +189,10 @@ def build_gpu_attention(pattern: AttentionPattern, target,
             T.buffer_store(st, tirx.const(0.0, F32), [1])
             with T.serial(tirx.const(0, itype), n_kt) as kb:
                 j0 = kb * bk
-                _load_tile(p, kt, kt_value=True, batch=batch, j0=j0, tx=tx, bq=bq, bk=bk,
-                           width=dk, itype=itype)
-                _load_tile(p, vt, kt_value=False, batch=batch, j0=j0, tx=tx, bq=bq,
-                           bk=bk, width=dv, itype=itype)
+                _load_tile(p, kt, kt_value=True, batch=batch, j0=j0, tid=tid, nthreads=nthreads,
+                           bk=bk, width=dk, itype=itype)
+                _load_tile(p, vt, kt_value=False, batch=batch, j0=j0, tid=tid,
+                           nthreads=nthreads, bk=bk, width=dv, itype=itype)
                 T.evaluate(T.tvm_storage_sync("shared"))
                 compute = tirx.LT(row, sq)
                 skip = _row_skip(p, regions, row, j0, bk, st[0], q)
@@ -114,31 +200,62 @@ def build_gpu_attention(pattern: AttentionPattern, target,
                     compute = tirx.And(compute, tirx.Not(skip))
                 with T.If(compute):
                     with T.Then():
-                        _row_tile(p, q, kt, vt, sc, acc, st, batch, row, j0, bk)
+                        _row_tile(p, q, kt, vt, sc, acc, st, batch, row, j0, tx, lanes, kpl)
                 T.evaluate(T.tvm_storage_sync("shared"))
-            with T.If(row < sq):
-                with T.Then():
-                    with T.serial(0, dv) as c:
-                        o = acc[c] / st[1]
-                        index = [value_at(ix, p, batch, i=row, d=c) for ix in p.out_index]
-                        T.buffer_store(p.out, value_at(p.out_value, p, batch, i=row, d=c, o=o),
-                                       index)
+            _merge_lanes(p, mb, lb, cb, acc, st, batch, row, tx, ty, tid, lanes)
     body = ib.get().body  # the frame's loop of one
-    body = tirx.AttrStmt(tx_iv, "thread_extent", tirx.const(bq, "int32"), body)
+    body = tirx.AttrStmt(tx_iv, "thread_extent", tirx.const(lanes, "int32"), body)
+    body = tirx.AttrStmt(ty_iv, "thread_extent", tirx.const(bq, "int32"), body)
     body = under_root_block(tirx.AttrStmt(bx_iv, "thread_extent", blocks, body))
     func = p.func
     result = tirx.PrimFunc(list(func.params), body, func.ret_type, func.attrs)
-    notes = [f"attention (online softmax, GPU): {bq} query rows per block, one per thread; "
-             f"{bk} keys per shared tile; {len(regions)} masked-tile test(s)"]
+    notes = [f"attention (online softmax, GPU): {bq} query rows per block, {lanes} threads per "
+             f"row; {bk} keys per shared tile; {len(regions)} masked-tile test(s)"]
     return result.with_attr("tirx.noalias", True), notes
 
 
-def _load_tile(p, buf, kt_value: bool, batch, j0, tx, bq, bk, width, itype):
-    """Every thread stores a strided share of a ``bk × width`` tile; padding keys zero."""
+def _merge_lanes(p, mb, lb, cb, acc, st, batch, row, tx, ty, tid, lanes):
+    """The lanes of a row saw disjoint keys: rescale each to the row's maximum, sum their
+    sums and, ``lanes`` columns at a time, their accumulators through shared memory; lane
+    ``t`` writes the columns ``≡ t`` of the row's output."""
+    T.buffer_store(mb, st[0], [tid])
+    T.buffer_store(lb, st[1], [tid])
+    T.evaluate(T.tvm_storage_sync("shared"))
+    base = ty * lanes
+    T.buffer_store(st, mb[base], [2])
+    with T.serial(1, lanes) as t:
+        T.buffer_store(st, tirx.max(st[2], mb[base + t]), [2])
+    T.buffer_store(st, tirx.const(0.0, F32), [1])
+    with T.serial(0, lanes) as t:
+        T.buffer_store(st, st[1] + lb[base + t] * tirx.exp(mb[base + t] - st[2]), [1])
+    T.buffer_store(st, tirx.exp(st[0] - st[2]), [3])
+    dv = p.dv
+    with T.serial(0, -(-dv // lanes)) as ch:
+        with T.serial(0, lanes) as w:
+            col = ch * lanes + w
+            T.buffer_store(cb, tirx.if_then_else(col < dv, acc[tirx.min(col, dv - 1)],
+                                                 tirx.const(0.0, F32)) * st[3], [tid, w])
+        T.evaluate(T.tvm_storage_sync("shared"))
+        total = T.alloc_buffer((1,), F32, scope="local")
+        T.buffer_store(total, tirx.const(0.0, F32), [0])
+        with T.serial(0, lanes) as t:
+            T.buffer_store(total, total[0] + cb[base + t, tx], [0])
+        d = ch * lanes + tx
+        with T.If(tirx.And(row < p.sq, d < dv)):
+            with T.Then():
+                o = total[0] / st[1]
+                index = [value_at(ix, p, batch, i=row, d=d) for ix in p.out_index]
+                T.buffer_store(p.out, value_at(p.out_value, p, batch, i=row, d=d, o=o), index)
+        T.evaluate(T.tvm_storage_sync("shared"))
+
+
+def _load_tile(p, buf, kt_value: bool, batch, j0, tid, nthreads, bk, width, itype):
+    """Every thread stores a strided share of a ``bk × width`` tile (consecutive threads,
+    consecutive elements of a key: coalesced); padding keys zero."""
     total = bk * width
-    per_thread = -(-total // bq)
+    per_thread = -(-total // nthreads)
     with T.serial(0, per_thread) as e:
-        idx = tirx.Cast(itype, e) * bq + tirx.Cast(itype, tx)
+        idx = tirx.Cast(itype, e) * nthreads + tirx.Cast(itype, tid)
         c = tirx.floordiv(idx, width)
         w = tirx.floormod(idx, width)
         j = j0 + c
@@ -147,7 +264,7 @@ def _load_tile(p, buf, kt_value: bool, batch, j0, tx, bq, bk, width, itype):
         with T.If(idx < total):
             with T.Then():
                 T.buffer_store(buf, tirx.if_then_else(j < p.sk, expr, tirx.const(0.0, F32)),
-                               [c, w])
+                               [c * padded_stride(width) + w])
 
 
 def _row_skip(p, regions, row, j0, bk, m_row, q):
@@ -170,34 +287,39 @@ def _row_skip(p, regions, row, j0, bk, m_row, q):
     return skip
 
 
-def _row_tile(p, q, kt, vt, sc, acc, st, batch, row, j0, bk):
-    """One thread's row on one key tile: scores, tile max, rescale, exponentials, P·V."""
+def _row_tile(p, q, kt, vt, sc, acc, st, batch, row, j0, lane, lanes, kpl):
+    """One thread's share of its row on one key tile (keys ``lane``, ``lane + lanes``, …):
+    scores, the share's max, rescale, exponentials, P·V."""
     T.buffer_store(st, st[0], [2])
-    with T.serial(0, bk) as c:
-        j = j0 + c
-        dot = T.alloc_buffer((1,), F32, scope="local")
-        T.buffer_store(dot, tirx.const(0.0, F32), [0])
-        with T.serial(0, p.dk) as kk:
-            T.buffer_store(dot, dot[0] + q[kk] * kt[c, kk], [0])
+    stride = padded_stride(p.dk)
+    # the thread's kpl dot products side by side (independent FMA chains), q[kk] reused
+    with T.unroll(0, kpl) as e:
+        T.buffer_store(sc, tirx.const(0.0, F32), [e])
+    with T.unroll(0, p.dk) as kk:  # q stays in registers
+        with T.unroll(0, kpl) as e:
+            T.buffer_store(sc, sc[e] + q[kk] * kt[(e * lanes + lane) * stride + kk], [e])
+    with T.unroll(0, kpl) as e:
+        j = j0 + e * lanes + lane
         with T.If(j < p.sk):
             with T.Then():
-                x = value_at(p.score, p, batch, i=row, j=j, s=dot[0])
-                T.buffer_store(sc, x, [c])
-                T.buffer_store(st, tirx.max(st[2], sc[c]), [2])
+                x = value_at(p.score, p, batch, i=row, j=j, s=sc[e])
+                T.buffer_store(sc, x, [e])
+                T.buffer_store(st, tirx.max(st[2], sc[e]), [2])
             with T.Else():
-                T.buffer_store(sc, tirx.const(0.0, F32), [c])
+                T.buffer_store(sc, tirx.const(0.0, F32), [e])
     corr = tirx.exp(st[0] - st[2])
     T.buffer_store(st, st[1] * corr, [1])
     with T.serial(0, p.dv) as d:
         T.buffer_store(acc, acc[d] * corr, [d])
-    with T.serial(0, bk) as c:
+    with T.unroll(0, kpl) as e:
+        c = e * lanes + lane
         with T.If(j0 + c < p.sk):
             with T.Then():
                 pr = T.alloc_buffer((1,), F32, scope="local")
-                T.buffer_store(pr, tirx.exp(sc[c] - st[2]), [0])
+                T.buffer_store(pr, tirx.exp(sc[e] - st[2]), [0])
                 T.buffer_store(st, st[1] + pr[0], [1])
                 with T.serial(0, p.dv) as d:
-                    T.buffer_store(acc, acc[d] + pr[0] * vt[c, d], [d])
+                    T.buffer_store(acc, acc[d] + pr[0] * vt[c * padded_stride(p.dv) + d], [d])
     T.buffer_store(st, st[2], [0])
 
 

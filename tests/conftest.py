@@ -43,15 +43,10 @@ def rng():
 # --------------------------------------------------------------- the emulated AArch64 device
 
 def _arm64_script():
-    """``scripts/arm64_device.py`` as a module (scripts/ is not a package)."""
-    import importlib.util
-    from pathlib import Path
+    """``scripts/arm64_device.py`` as a module."""
+    from script_module import load_script
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "arm64_device.py"
-    spec = importlib.util.spec_from_file_location("arm64_device", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("arm64_device")
 
 
 @pytest.fixture(scope="session")

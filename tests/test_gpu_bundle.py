@@ -2,22 +2,17 @@
 compiled libraries compress; the model must keep its shapes, dtypes and non-weight constants.
 Nothing here needs a GPU (the GPU run itself is ``scripts/gpu_run.py``, docs/targets.md)."""
 
-import importlib.util
 import lzma
-from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
+from script_module import load_script
 
 from tvm_fusion.numerics import onnx_reference
 
 
 def _bundle_script():
-    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_bundle.py"
-    spec = importlib.util.spec_from_file_location("gpu_bundle", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_bundle")
 
 
 def _model():
@@ -69,11 +64,7 @@ def test_reduction_axes_of_conv_matmul_and_gemm():
 
 
 def _run_script():
-    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_run.py"
-    spec = importlib.util.spec_from_file_location("gpu_run", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_run")
 
 
 def test_runner_times_in_turns_and_reports_a_failed_build():

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from script_module import load_script
 
 from tvm_fusion import options as opt
 from tvm_fusion.options import OPTIONS, Options, parse_cli_option, parse_cli_options
@@ -230,12 +231,7 @@ def test_sequential_takes_the_object_and_names_over_it():
 
 
 def test_docs_are_generated_from_the_fields():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("build_options_doc",
-                                                  ROOT / "scripts" / "build_options_doc.py")
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+    build = load_script("build_options_doc")
     text = (ROOT / "docs" / "options.md").read_text()
     assert build.render(text) == text, "docs/options.md is stale: run scripts/build_options_doc.py"
     for preset in opt.PRESETS:

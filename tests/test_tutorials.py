@@ -7,11 +7,11 @@ are authored as ``tutorials/src/NN_name.py`` and built with ``scripts/build_tuto
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "tutorials").glob("*.ipynb"))
@@ -22,11 +22,7 @@ nbformat = pytest.importorskip("nbformat")
 
 
 def _build_script():
-    spec = importlib.util.spec_from_file_location("build_tutorials",
-                                                  ROOT / "scripts" / "build_tutorials.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("build_tutorials")
 
 
 @pytest.mark.slow  # ~4 min for all; .ci/run runs them after the default run

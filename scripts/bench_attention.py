@@ -31,7 +31,6 @@ to ``--out`` (``attention.json``, ``attention.md``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -47,6 +46,7 @@ import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 from tvm.relax.backend.cpu_generic import pipeline as cpu_backend  # noqa: E402
 
+from tvm_fusion.bench import write_results  # noqa: E402
 from tvm_fusion.compile import (  # noqa: E402
     compile_model,
     graph_input_names,
@@ -343,10 +343,7 @@ def main(argv=None) -> int:
     if args.part in ("zoo", "all"):
         result["zoo"] = bench_zoo(target, [m for m in args.models.split(",") if m],
                                   args.models_dir, args.seconds)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "attention.json").write_text(json.dumps(result, indent=2))
-    (out / "attention.md").write_text(markdown(result))
+    write_results(args.out, "attention", result, markdown(result))
     print(markdown(result))
     return 0
 

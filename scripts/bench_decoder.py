@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from tvm_fusion.bench import medians_in_turns  # noqa: E402
+from tvm_fusion.bench import medians_in_turns, write_results  # noqa: E402
 from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, run  # noqa: E402
 from tvm_fusion.feeds import random_inputs  # noqa: E402
 from tvm_fusion.models.attention import llama_decoder_layer  # noqa: E402
@@ -124,10 +124,7 @@ def main(argv=None) -> int:
         print(f"{name}: one module built in {result[f'{name}_build_s']} s", flush=True)
         for size in (int(s) for s in sizes.split(",") if s):
             result["rows"].append(measure(model, executable, {dim: size}, args.seconds, name))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "decoder.json").write_text(json.dumps(result, indent=2))
-    (out / "decoder.md").write_text(markdown(result))
+    write_results(args.out, "decoder", result, markdown(result))
     print(markdown(result))
     return 0
 

@@ -91,6 +91,14 @@ TURN_S = 0.2
 CHEAP_S = 0.5
 
 
+def write_results(out_dir: str | os.PathLike, stem: str, result: dict, table: str) -> None:
+    """A benchmark script's results: ``<stem>.json`` and its Markdown table ``<stem>.md`` in
+    ``out_dir``, each written atomically (a run killed mid-write leaves the last whole file)."""
+    out = Path(out_dir)
+    atomic_write_text(out / f"{stem}.json", json.dumps(result, indent=2))
+    atomic_write_text(out / f"{stem}.md", table)
+
+
 def medians_in_turns(calls: dict[str, Callable[[], object]], warmup: int = 2,
                      repeat: int = 10, number: int = 1, turn_s: float = 0.0
                      ) -> dict[str, float]:

@@ -13,7 +13,6 @@ import tvm
 from conftest import TARGET
 from hypothesis import HealthCheck, given, settings
 from onnx import TensorProto, helper, numpy_helper
-from tvm import s_tir
 from tvm.script import tirx as T
 
 from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_onnx, run
@@ -38,7 +37,7 @@ from tvm_fusion.tir_schedules.fused_block import (
     ScheduleFusedBlocks,
     schedule_primfunc,
 )
-from tvm_fusion.tir_utils import find_all
+from tvm_fusion.tir_utils import compact_buffers, find_all
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -93,10 +92,6 @@ def test_random_dags_unchanged_by_scheduling(model):
 # ------------------------------------------------------------------- one loop nest per block
 
 _FUSIBLE = {MappingType.ONE_TO_ONE, MappingType.REORGANIZE, MappingType.SHUFFLE}
-_STAGE_PASSES = [s_tir.transform.LowerInitBlock(),
-                 s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-                 s_tir.transform.ConvertBlocksToOpaque(),
-                 s_tir.transform.CompactBufferAllocation()]
 
 
 def _block_types(func: tvm.tirx.PrimFunc) -> list[MappingType]:
@@ -108,8 +103,7 @@ def _block_types(func: tvm.tirx.PrimFunc) -> list[MappingType]:
 
 def _lowered_buffers(func: tvm.tirx.PrimFunc) -> dict[str, int]:
     """Intermediate buffers left after TVM's allocation planning/compaction, by element count."""
-    low = tvm.transform.Sequential(_STAGE_PASSES)(
-        tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))["main"]
+    low = compact_buffers(func)
     sizes = {}
     for block in find_all(low.body, tvm.s_tir.SBlock):
         for buf in block.alloc_buffers:

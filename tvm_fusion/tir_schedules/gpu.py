@@ -15,7 +15,7 @@ import tvm
 from tvm import s_tir
 from tvm.s_tir import dlight as dl
 
-from ..tir_utils import find_all
+from ..tir_utils import compact_buffers, find_all
 from .attention_gpu import try_schedule_attention_gpu
 from .fused_block import probe_build
 from .optifx import try_schedule_conv_chain_gpu
@@ -99,15 +99,8 @@ def _within_shared_memory(func: tvm.tirx.PrimFunc, gvar) -> tvm.tirx.PrimFunc:
 def _static_shared_bytes(func: tvm.tirx.PrimFunc) -> int:
     """Bytes of static ``shared`` buffers (not ``shared.dyn``) ``func`` allocates, compacted to
     what one block uses."""
-    low = tvm.IRModule({"main": func})
-    for lower in (s_tir.transform.LowerInitBlock(),
-                  s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
-                  s_tir.transform.ConvertBlocksToOpaque(),
-                  s_tir.transform.CompactBufferAllocation()):  # an analysis, not a pass list
-        low = lower(low)
-    low = low["main"]
     total = 0
-    for block in find_all(low.body, s_tir.SBlock):
+    for block in find_all(compact_buffers(func).body, s_tir.SBlock):
         for buf in block.alloc_buffers:
             if buf.scope() == "shared":
                 size = 1

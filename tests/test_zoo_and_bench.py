@@ -63,3 +63,19 @@ def test_medians_in_turns_alternates_the_order():
                                warmup=0, repeat=4)
     assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert set(medians) == {"a", "b"} and all(v >= 0 for v in medians.values())
+
+
+def test_bench_cpu_clock_needs_one_thread(zoo, capsys, monkeypatch):
+    """The calling thread's CPU time is a call's whole time only with one thread per runtime."""
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")
+    assert main(["bench", str(zoo / "figure3.onnx"), "--clock", "cpu"]) == 2
+    assert "TVM_NUM_THREADS=1" in capsys.readouterr().err
+
+
+def test_medians_in_turns_reads_the_given_clock():
+    from tvm_fusion.bench import medians_in_turns
+
+    ticks = iter(range(100))
+    medians = medians_in_turns({"a": lambda: None}, warmup=0, repeat=3,
+                               clock=lambda: next(ticks))
+    assert medians == {"a": 1000.0}  # every call read the fake clock once before, once after

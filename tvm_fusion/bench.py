@@ -90,6 +90,20 @@ TURN_S = 0.2
 # A turn starts with an untimed call only when calls are this cheap.
 CHEAP_S = 0.5
 
+# What ``bench --clock`` times a call with. ``cpu``, the calling thread's CPU time, is only the
+# call's whole time when every runtime runs on that one thread (TVM_NUM_THREADS=1: TVM's
+# single-thread launches and ONNX Runtime's one intra-op thread run in the caller).
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def check_clock(clock: str) -> None:
+    """Refuse a clock that would time only part of a call (one line for the CLI)."""
+    if clock not in CLOCKS:
+        raise ValueError(f"unknown clock {clock!r}; expected one of {sorted(CLOCKS)}")
+    if clock == "cpu" and use_physical_cores() != 1:
+        raise ValueError("--clock cpu times the calling thread only: run with "
+                         "TVM_NUM_THREADS=1 (one thread per runtime)")
+
 
 def write_results(out_dir: str | os.PathLike, stem: str, result: dict, table: str) -> None:
     """A benchmark script's results: ``<stem>.json`` and its Markdown table ``<stem>.md`` in
@@ -100,16 +114,18 @@ def write_results(out_dir: str | os.PathLike, stem: str, result: dict, table: st
 
 
 def medians_in_turns(calls: dict[str, Callable[[], object]], warmup: int = 2,
-                     repeat: int = 10, number: int = 1, turn_s: float = 0.0
-                     ) -> dict[str, float]:
-    """Median wall time (ms per call) of each of ``calls``, sampled in turns.
+                     repeat: int = 10, number: int = 1, turn_s: float = 0.0,
+                     clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Median time (ms per call, by ``clock``: wall time unless given) of each of ``calls``,
+    sampled in turns.
 
     Round ``r`` times every call ``number`` times, in forward order on even rounds and backward
     on odd ones (ABBA), so that a machine whose speed drifts during the run (a 2-vCPU VM here
     went from 0.19 to 0.10 ms on the same kernel within one run) biases no variant: timing one
     variant after another turned a 1.0x pair of kernels into "1.97x". With ``turn_s`` a turn
     repeats a call until it lasts that long (at least ``number`` times) after one untimed call
-    (see :data:`TURN_S`)."""
+    (see :data:`TURN_S`). ``clock=time.thread_time`` (:data:`CLOCKS`) leaves out the time a busy
+    neighbour keeps the calling thread off the core."""
     names = list(calls)
     counts = {}
     for name in names:
@@ -124,10 +140,10 @@ def medians_in_turns(calls: dict[str, Callable[[], object]], warmup: int = 2,
         for name in names if r % 2 == 0 else reversed(names):
             if turn_s and (not samples[name] or samples[name][-1] < CHEAP_S):
                 calls[name]()
-            start = time.perf_counter()
+            start = clock()
             for _ in range(counts[name]):
                 calls[name]()
-            samples[name].append((time.perf_counter() - start) / counts[name])
+            samples[name].append((clock() - start) / counts[name])
     return {name: statistics.median(times) * 1e3 for name, times in samples.items()}
 
 
@@ -222,13 +238,14 @@ def _torch_runner(name: str, feeds: dict):
 
 def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARIANTS,
                 repeat: int = 10, warmup: int = 2, seed: int = 0, progress=None,
-                input_shapes: dict | None = None):
+                input_shapes: dict | None = None, clock: str = "wall"):
     """Time every variant of one ONNX model; returns a list of :class:`Measurement`.
 
     Every runtime gets the same threads, one per physical core (TVM's own default is half the
     hardware threads on x86: :mod:`tvm_fusion.threads`). A model with symbolic dimensions is
     compiled symbolic and run at ``input_shapes`` (:func:`tvm_fusion.feeds.run_shapes`)."""
     use_physical_cores()
+    check_clock(clock)
     unknown = sorted(set(variants) - set(ALL_VARIANTS))
     if unknown:
         raise ValueError(f"unknown bench variant {unknown[0]!r}; expected {ALL_VARIANTS}")
@@ -261,25 +278,25 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
         if progress is not None:
             progress.update(1)
     # every variant is built before any is timed, then all are timed in turns
-    medians = medians_in_turns(calls, warmup, repeat, turn_s=TURN_S)
+    medians = medians_in_turns(calls, warmup, repeat, turn_s=TURN_S, clock=CLOCKS[clock])
     return [Measurement(name, v, None, None, skipped[v]) if v in skipped
             else Measurement(name, v, round(medians[v], 4), errors[v]) for v in variants]
 
 
 def run_bench(paths: list[Path], target="llvm", variants=ALL_VARIANTS, repeat=10, warmup=2,
-              out_dir: str | os.PathLike = "out/bench", input_shapes: dict | None = None
-              ) -> list[Measurement]:
+              out_dir: str | os.PathLike = "out/bench", input_shapes: dict | None = None,
+              clock: str = "wall") -> list[Measurement]:
     """Bench several models with one progress bar; writes JSON, Markdown and a PNG chart."""
     rows: list[Measurement] = []
     with tqdm(total=len(paths) * len(variants), desc="bench", unit="run") as bar:
         for path in paths:
             rows += bench_model(path, target, variants, repeat, warmup, progress=bar,
-                                input_shapes=input_shapes)
+                                input_shapes=input_shapes, clock=clock)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "bench.json", json.dumps(
         {"target": str(target), "input_shapes": input_shapes or {}, "repeat": repeat,
-         "warmup": warmup, "machine": machine(),
+         "warmup": warmup, "clock": clock, "machine": machine(),
          "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
     atomic_write_text(out / "bench.md", to_markdown(rows) + "\n")
     plot(rows, out / "bench.png")

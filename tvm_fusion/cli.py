@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from . import __version__
 from . import report as reporting  # reporting.make_report is looked up per call (tests)
-from .bench import ALL_VARIANTS, check_variants, run_bench
+from .bench import ALL_VARIANTS, CLOCKS, check_clock, check_variants, run_bench
 from .bench import to_markdown as bench_markdown
 from .compile import compile_model, import_model, load_model, model_signature
 from .devices import require_codegen, require_device
@@ -158,6 +158,10 @@ def _parser() -> argparse.ArgumentParser:
                             "those whose runtime is missing are skipped with a note)")
     bench.add_argument("--repeat", type=int, default=10)
     bench.add_argument("--warmup", type=int, default=2)
+    bench.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                       help="time calls by wall clock, or (cpu) by the calling thread's CPU "
+                       "time, which a busy neighbour does not inflate; cpu needs "
+                       "TVM_NUM_THREADS=1")
     bench.add_argument("--out", default="out/bench", help="where JSON, Markdown and PNG go")
     _input_shape_arg(bench)
     bench.set_defaults(func=_cmd_bench)
@@ -203,6 +207,7 @@ def _check_shape_names(shapes: dict | None, models: list) -> None:
 
 def _cmd_bench(args) -> int:
     _check_target(args.target)
+    check_clock(args.clock)
     variants = list(ALL_VARIANTS) if args.variants is None else [
         v.strip() for v in args.variants.split(",") if v.strip()]
     if args.variants is not None:  # asked for by name: a missing runtime is an error
@@ -212,7 +217,7 @@ def _cmd_bench(args) -> int:
     if shapes:
         _check_shape_names(shapes, [load_model(p) for p in paths])
     rows = run_bench(paths, args.target, variants, args.repeat, args.warmup, args.out,
-                     input_shapes=shapes)
+                     input_shapes=shapes, clock=args.clock)
     print(bench_markdown(rows))
     print(f"wrote {args.out}/bench.json, bench.md, bench.png")
     return 0

@@ -69,7 +69,8 @@ LAYERS = {
                 "tvm_fusion.symbolic", "tvm_fusion.target", "tvm_fusion.devices",
                 "tvm_fusion.native_log", "tvm_fusion.atomic", "tvm_fusion.threads",
                 "tvm_fusion.feeds", "tvm_fusion.numerics", "tvm_fusion.models",
-                "tvm_fusion.onnx_names", "tvm_fusion.graph_layout"),
+                "tvm_fusion.onnx_names", "tvm_fusion.graph_layout",
+                "tvm_fusion.module_update"),
 }
 
 

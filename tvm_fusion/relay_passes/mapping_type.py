@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax, sym, tirx
 
+from ..module_update import with_functions
 from ..tir_utils import (
     buffer_loads,
     buffer_stores,
@@ -404,10 +405,7 @@ class AnnotateMappingType:
                 {MAPPING_TYPE_ATTR: found.mapping_type.name, "tvm_fusion.mapping_reason":
                  found.reason}
             )
-        mod = mod.clone()  # a pass leaves the module it was given as it was
-        for gvar, func in updates.items():
-            mod[gvar] = func
-        return mod
+        return with_functions(mod, updates)
 
 
 def relax_mapping_type(call: relax.Call) -> Classification:

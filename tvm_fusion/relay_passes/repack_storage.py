@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax, tirx
 
+from ..module_update import with_functions
+
 __all__ = ["RepackStorage", "repack_function"]
 
 _ALLOC_STORAGE = "relax.memory.alloc_storage"
@@ -229,9 +231,4 @@ class RepackStorage:
                 repacked = repack_function(func)
                 if repacked is not func:
                     updates[gvar] = repacked
-        if not updates:
-            return mod
-        mod = mod.clone()
-        for gvar, func in updates.items():
-            mod[gvar] = func
-        return mod
+        return with_functions(mod, updates)

@@ -25,6 +25,7 @@ import warnings
 import tvm
 from tvm import s_tir, tirx
 
+from ..module_update import with_functions
 from ..tir_utils import has_extern_call, iter_sblocks, refresh_access_regions
 from .analysis import alloc_buffers
 from .attention import try_schedule_attention
@@ -174,10 +175,7 @@ class ScheduleFusedBlocks:
                 continue
             updates[gvar] = schedule_with_fallback(gvar, func, params, self.fast_math,
                                                    constants.get(gvar.name_hint))
-        mod = mod.clone()  # a pass leaves the module it was given as it was
-        for gvar, func in updates.items():
-            mod[gvar] = func
-        return mod
+        return with_functions(mod, updates)
 
 
 def is_schedulable(func: tirx.PrimFunc) -> bool:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 
+from ..module_update import with_functions
+
 NOALIAS = "tirx.noalias"
 
 
@@ -48,12 +50,7 @@ class MarkSingleBufferNoAlias:
                 continue
             if _pointer_params(func) <= 1:
                 updates[gvar] = func.with_attr(NOALIAS, True)
-        if not updates:
-            return mod
-        mod = mod.clone()
-        for gvar, func in updates.items():
-            mod[gvar] = func
-        return mod
+        return with_functions(mod, updates)
 
 
 __all__ = ["MarkSingleBufferNoAlias"]

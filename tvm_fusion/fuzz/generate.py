@@ -563,7 +563,12 @@ def emit_concat(b: Builder, t: str):
     other = [p for p in b.produced + [vi.name for vi in b.inputs]
              if b.elem(p) == FLOAT and len(b.shape(p)) == len(sh)
              and all(x == y for i, (x, y) in enumerate(zip(sh, b.shape(p))) if i != ax)]
-    p = _pick(b.rng, other)  # t itself qualifies: concat(t, t) reads one value twice
+    if ax == 0 and b.elem(t) == FLOAT and b.rng.random() < 0.3:
+        # a constant block along axis 0, as a decode step appends to its cache: with a
+        # symbolic dim 0 (make_symbolic) the result's extent is ``N + rows``
+        p = b.const(b.rng.standard_normal([int(b.rng.integers(1, 4)), *sh[1:]]))
+    else:
+        p = _pick(b.rng, other)  # t itself qualifies: concat(t, t) reads one value twice
     return b.add1("Concat", [t, p] if b.rng.random() < 0.5 else [p, t], axis=ax)
 
 

@@ -13,7 +13,8 @@ it, a ``match_cast`` to the same shape with ``v + c`` named ``n``; later operato
 cast tensor and their shape arguments say ``n``, so legalisation writes kernels that bind
 ``n`` from their buffers. (TVM's ``CanonicalizeBindings`` later folds the cast away again,
 ``n`` being ``v + c``; the kernels keep their own ``n``.) The graph's outputs keep the
-original tensors. If the result is not well formed, the function is left as it was.
+original tensors. If the result is not well formed, or an operator lost its result's shape
+(one that cannot prove ``n == v + c``), the function is left as it was.
 """
 
 from __future__ import annotations
@@ -34,12 +35,17 @@ def BindCompoundExtents() -> tvm.transform.Pass:  # noqa: N802 (a pass construct
             if not isinstance(func, relax.Function) or not _has_compound(func):
                 continue
             try:
-                trial = out.clone()
-                trial[gvar] = _Rename().visit_expr(func)
-                relax.analysis.well_formed(trial)  # raises on the first violation
+                renamed = _Rename().visit_expr(func)
             except Exception:  # noqa: BLE001 (an operator that will not take the renamed shape)
                 continue
-            out = trial
+            trial = out.clone()
+            trial[gvar] = renamed
+            # well formed, and no shape lost: an output binding reads the original tensor
+            # (``v + c``) beside one that reads the cast (``n``), and an operator that cannot
+            # prove ``n == v + c`` (a matmul's batch) infers no shape at all
+            if relax.analysis.check_well_formed(trial) and (
+                    _shapeless(renamed) <= _shapeless(func)):
+                out = trial
         return out
 
     return _pass
@@ -53,6 +59,12 @@ def compound_extent(dim) -> tuple | None:
             if isinstance(a, tvm.ir.Var) and isinstance(b, tirx.IntImm) and int(b.value):
                 return a, int(b.value)
     return None
+
+
+def _shapeless(func: relax.Function) -> int:
+    """Bindings of a tensor whose shape is unknown (``R.Tensor(ndim=3)``)."""
+    return sum(isinstance(b.var.ty, relax.TensorType) and b.var.ty.shape is None
+               for block in func.body.blocks for b in block.bindings)
 
 
 def _shape(ty):

@@ -193,18 +193,16 @@ def build_ecg(
         if not isinstance(var, relax.DataflowVar):
             outputs_of_block.add(var)
         if isinstance(binding, relax.MatchCast):
-            fresh = [tvar for tvar in relax.analysis.definable_tir_vars_in_type(binding.ty)
-                     if tvar.name not in known_dims]
-            for tvar in fresh:
-                runtime_dims.setdefault(tvar.name, set()).update(sources(value))
+            for tvar in relax.analysis.definable_tir_vars_in_type(binding.ty):
+                if tvar.name not in known_dims:
+                    runtime_dims.setdefault(tvar.name, set()).update(sources(value))
             src = var_to_node.get(value)
-            if fresh and src is not None and nodes[src].fusible:
-                # its readers see the value under a new size variable, through the match_cast
-                # binding, which no kernel can contain: grouped with one of them, the producer
-                # would need the cast's result before computing it (a cycle between groups)
+            if src is not None and nodes[src].fusible:
+                # its readers read it through the match_cast binding, which no kernel can
+                # contain: grouped with one of them, the producer would need the cast's result
+                # before computing it (a cycle between groups)
                 nodes[src].fusible = False
-                nodes[src].reason = ("its result is renamed by a match_cast (a new size "
-                                     "variable) before its readers read it")
+                nodes[src].reason = "its readers read its result through a match_cast"
         known_dims.update(v.name for v in relax.analysis.tir_vars_in_type(var.ty))
         if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
             owner = var_to_node.get(value.tuple_value)

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     p.add_argument("--option-share", type=_share, default=0.15,
                    help="chance of each option taking a non-default value (0.15)")
     p.add_argument("--symbolic-share", type=_share, default=0.0,
-                   help="share of cases with a symbolic batch dim (0; work in progress)")
+                   help="share of cases whose first input's dim 0 is symbolic (0)")
     p.add_argument("--fp16-share", type=_share, default=0.1,
                    help="share of cases whose whole graph is cast to float16 (0.1)")
     p.add_argument("--qdq-share", type=_share, default=0.3,

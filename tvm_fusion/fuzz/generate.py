@@ -790,9 +790,9 @@ def generate_model(seed: int, special: bool = False, max_nodes: int = 12) -> onn
 
 
 def make_symbolic(model: onnx.ModelProto, axis: int = 0, name: str = "N") -> onnx.ModelProto:
-    """Hook for symbolic shapes: the same model with dim ``axis`` of its first graph input named
-    ``name`` (the feeds keep their concrete sizes). Symbolic shapes are work in progress
-    elsewhere, so fuzz runs leave this off unless asked (``--symbolic-share``)."""
+    """The same model with dim ``axis`` of its first graph input named ``name`` (the feeds keep
+    their concrete sizes; ``--symbolic-share``, the slow ``test_symbolic_run``). A graph that
+    ties the dim to a constant size is rejected by stock TVM too: a ``skipped`` case."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inits = {t.name for t in out.graph.initializer}

@@ -451,19 +451,14 @@ def _split_gather(pack_b: PackB):
     shape = [const_int(d) for d in src.shape]
     if None in shape or len(shape) != len(value.indices):
         return None
-    terms, stride = [], 1
+    flat_index, stride = _i64(0), 1
     for index, extent in zip(reversed(list(value.indices)), reversed(shape)):
-        terms += _terms(index, stride)
+        flat_index = flat_index + index * _i64(stride)
         stride *= extent
-    parts = {"panel": [], "k": [], "lane": []}
-    for term, scale in terms:
-        used = _vars_in(term) & {"panel", "k", "lane"}
-        if len(used) > 1:
-            return None
-        if not used:
-            used = {"k"}
-        parts[used.pop()].append((term, scale))
-    if [(str(t), c) for t, c in parts["lane"]] != [("lane", 1)]:
+    # as written, else simplified: the simplifier folds a row-major split back,
+    # (t // W)·W + t % W = t
+    parts = _parts(_terms(flat_index, 1)) or _parts(_terms(_simplify(flat_index), 1))
+    if parts is None:
         return None
 
     def part(name, var):
@@ -476,6 +471,20 @@ def _split_gather(pack_b: PackB):
         return of
     flat = tirx.decl_buffer((stride,), src.ty.dtype, f"{src.name}_flat", data=src.data)
     return flat, part("panel", panel), part("k", k), src.data
+
+
+def _parts(terms: list) -> dict | None:
+    """The terms grouped by the one variable among panel, k and lane each uses (constants
+    with k), or None when a term mixes them or lane is not a term of its own."""
+    parts = {"panel": [], "k": [], "lane": []}
+    for term, scale in terms:
+        used = _vars_in(term) & {"panel", "k", "lane"}
+        if len(used) > 1:
+            return None
+        parts[used.pop() if used else "k"].append((term, scale))
+    if [(str(t), c) for t, c in parts["lane"]] != [("lane", 1)]:
+        return None
+    return parts
 
 
 def _terms(expr, scale: int) -> list:

@@ -312,17 +312,25 @@ def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm) -> te
         return tirx.const(v, "int64")
 
     k = te.reduce_axis((0, c(k_total)), name="k")
+    src = x
+    if any(plan.padding):
+        # the zero-padded input (small: these maps have fewer positions than channels), so
+        # that the window reads it without bounds tests: the GEMM nest's copy of A is then
+        # a gather whose offsets split into a row's and a k's
+        bottom, right = plan.padding[2], plan.padding[3]
+
+        def padded(b, ci, ih, iw):
+            inside = [ih >= c(top), ih < c(height + top), iw >= c(left), iw < c(width + left)]
+            return tirx.if_then_else(tirx.all(*inside), x[b, ci, ih - c(top), iw - c(left)],
+                                     tirx.const(0, x.dtype))
+        src = te.compute((c(batch), x.shape[1], c(height + top + bottom),
+                          c(width + left + right)), padded, name="conv2d_pad")
 
     def value(b, oh, ow, j):
         ci = tirx.floordiv(k, c(kh * kw))
         r = tirx.floormod(tirx.floordiv(k, c(kw)), c(kh))
         s = tirx.floormod(k, c(kw))
-        ih = oh * c(sh) + r * c(dh) - c(top)
-        iw = ow * c(sw) + s * c(dw) - c(left)
-        load = x[b, ci, ih, iw]
-        if any(plan.padding):
-            load = tirx.if_then_else(tirx.all(ih >= c(0), ih < c(height), iw >= c(0),
-                                              iw < c(width)), load, tirx.const(0, x.dtype))
+        load = src[b, ci, oh * c(sh) + r * c(dh), ow * c(sw) + s * c(dw)]
         return te.sum(load * bp[tirx.floordiv(j, c(nr)), k, tirx.floormod(j, c(nr))], axis=k)
 
     gemm = te.compute((c(batch), c(plan.out_h), c(plan.out_w), c(n)), value, name=PACKED_GEMM)

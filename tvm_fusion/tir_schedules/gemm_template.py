@@ -439,12 +439,19 @@ def _nest(em: _Emitter, gemm: Gemm, blk: Blocking, cores: int, rows) -> tirx.Stm
 
 def _split_gather(pack_b: PackB):
     """``pack_b``'s value as a gather ``src[col_part(panel) + k_part(k) + lane]`` from the
-    flat ``src``, when it is one load whose flat index is a sum of terms each of which uses
-    one of panel and k (and ``lane`` itself): a conv's im2col from its padded input, where
-    the window's ``k // (kh·kw)``, ``k % kw``… are the k part. Returns (a flat view of src,
+    flat ``src`` (:func:`split_gather`): a conv's im2col from its padded input, where the
+    window's ``k // (kh·kw)``, ``k % kw``… are the k part. Returns (a flat view of src,
     col_part, k_part, src's data), or None."""
     panel, k, lane = (tirx.Var(n, "int64") for n in ("panel", "k", "lane"))
-    value = pack_b(panel, k, lane)
+    return split_gather(pack_b(panel, k, lane), panel, k, lane)
+
+
+def split_gather(value, outer: tirx.Var, k: tirx.Var, lane: tirx.Var | None = None):
+    """``value``, an expression of ``outer`` (a panel, a row), ``k`` and ``lane``, as a load
+    ``src[outer_part(outer) + k_part(k) (+ lane)]`` from a flat view of ``src``: when it is
+    one load from a buffer of static shape whose flat index is a sum of terms each of which
+    uses one of them (``lane`` a term of its own). Returns (the flat view, outer_part,
+    k_part, src's data), or None."""
     if not isinstance(value, TensorLoad):
         return None
     src = value.source
@@ -455,34 +462,37 @@ def _split_gather(pack_b: PackB):
     for index, extent in zip(reversed(list(value.indices)), reversed(shape)):
         flat_index = flat_index + index * _i64(stride)
         stride *= extent
+    names = {"outer": outer, "k": k, **({"lane": lane} if lane is not None else {})}
     # as written, else simplified: the simplifier folds a row-major split back,
     # (t // W)·W + t % W = t
-    parts = _parts(_terms(flat_index, 1)) or _parts(_terms(_simplify(flat_index), 1))
+    parts = (_parts(_terms(flat_index, 1), names)
+             or _parts(_terms(_simplify(flat_index), 1), names))
     if parts is None:
         return None
 
-    def part(name, var):
+    def part(name):
         def of(value_):
             total = tirx.const(0, "int64")
             for term, scale in parts[name]:
-                term = _substitute(term, var, value_)
+                term = _substitute(term, names[name], value_)
                 total = total + (term if scale == 1 else term * tirx.const(scale, "int64"))
             return total
         return of
     flat = tirx.decl_buffer((stride,), src.ty.dtype, f"{src.name}_flat", data=src.data)
-    return flat, part("panel", panel), part("k", k), src.data
+    return flat, part("outer"), part("k"), src.data
 
 
-def _parts(terms: list) -> dict | None:
-    """The terms grouped by the one variable among panel, k and lane each uses (constants
-    with k), or None when a term mixes them or lane is not a term of its own."""
-    parts = {"panel": [], "k": [], "lane": []}
+def _parts(terms: list, names: dict) -> dict | None:
+    """The terms grouped by the one variable of ``names`` each uses (constants with k), or
+    None when a term mixes them or a lane is not a term of its own."""
+    parts = {name: [] for name in names}
     for term, scale in terms:
-        used = _vars_in(term) & {"panel", "k", "lane"}
+        used = [name for name, var in names.items() if _uses(term, var)]
         if len(used) > 1:
             return None
-        parts[used.pop() if used else "k"].append((term, scale))
-    if [(str(t), c) for t, c in parts["lane"]] != [("lane", 1)]:
+        parts[used[0] if used else "k"].append((term, scale))
+    if "lane" in names and [(t.same_as(names["lane"]), c) for t, c in parts["lane"]] != \
+            [(True, 1)]:
         return None
     return parts
 
@@ -502,14 +512,14 @@ def _terms(expr, scale: int) -> list:
     return [(expr, scale)]
 
 
-def _vars_in(expr) -> set:
-    found = set()
+def _uses(expr, var) -> bool:
+    found = []
 
     def visit(node):
-        if isinstance(node, tvm.ir.Var):
-            found.add(node.name)
+        if isinstance(node, tvm.ir.Var) and node.same_as(var):
+            found.append(node)
     walk(expr, visit)
-    return found
+    return bool(found)
 
 
 def _substitute(expr, var, value):
@@ -539,4 +549,5 @@ def _ceildiv(n: int, d):
     return tirx.floordiv(_i64(n) + d - _i64(1), d)
 
 
-__all__ = ["STREAM_ROW_TILES", "Blocking", "Gemm", "emit_gemm", "parallel_plan"]
+__all__ = ["STREAM_ROW_TILES", "Blocking", "Gemm", "emit_gemm", "parallel_plan",
+           "split_gather"]

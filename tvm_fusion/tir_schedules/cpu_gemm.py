@@ -37,8 +37,7 @@ from ..tir_utils import buffer_loads, buffer_stores, const_int, find_all, iter_s
 from .analysis import param_names, root_block, stride_in_last_dim, written_only_before
 from .cpu_target import CpuParams
 from .cpu_tile import PACKED_GEMM_STAGE, fold_epilogue_chain
-from .gemm_template import (STREAM_ROW_TILES, Blocking, Gemm, emit_gemm, parallel_plan,
-                            split_gather)
+from .gemm_template import STREAM_ROW_TILES, Blocking, Gemm, emit_gemm, parallel_plan, split_gather
 
 # Integer weight types the packed GEMM widens in registers (layout/weight_quant.py packs them)
 WEIGHT_DTYPES = ("int8", "uint8")

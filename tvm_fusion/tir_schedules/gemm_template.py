@@ -24,6 +24,10 @@ is a shorter trip count of the (not unrolled) k loop.
 
 M = 1 (a GEMV, bandwidth-bound) streams the packed B once, panel after panel, over all of K.
 
+A B packed by the nest (a conv's im2col, ``Gemm.pack_b``) whose read of its source splits into
+a panel's offset + a k's + the lane (:func:`split_gather`) is packed through a table of the k
+offsets, filled once per call: no division of k by the conv window per value packed.
+
 An 8-bit B (a weight-only quantized weight, ``Gemm.widened``) is widened to float32 as the
 micro-kernel reads it while few row tiles stream B; with more rows each KC×NC block of B is
 first converted once into a float32 block, and the float32 micro-kernel reads that for every
@@ -42,7 +46,6 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import sym, tirx
-
 from tvm.ir.expr import TensorLoad
 
 from ..tir_utils import const_int, walk
@@ -150,8 +153,9 @@ class _Emitter:
         if self.k_offsets is None:
             return []
         flat, _, k_part = self.gather
-        return [tirx.DeclBuffer(flat, data=self.g_src_data), tirx.AllocBuffer(self.k_offsets), _loop("k", self.g.k, lambda k: tirx.BufferStore(
-            self.k_offsets, k_part(k), [k]))]
+        fill = _loop("k", self.g.k, lambda k: tirx.BufferStore(self.k_offsets, k_part(k), [k]))
+        return [tirx.DeclBuffer(flat, data=self.g_src_data), tirx.AllocBuffer(self.k_offsets),
+                fill]
 
     # ---------------------------------------------------------------- the micro-kernel
     def _each(self, rows: int, body_of, cols: int | None = None) -> tirx.Stmt:

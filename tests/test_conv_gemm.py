@@ -67,6 +67,9 @@ CASES = {
     "padded-flat-batch": (6, 24, 17, 3, 1, 1, 1, 1, 2),  # across two images
     "padded-flat-5x5-batch": (6, 24, 25, 5, 1, 2, 1, 1, 2),
     "padded-flat-dilated": (6, 24, 25, 3, 1, 2, 2),
+    # no padding: the gather reads the input itself (a parameter) through its flat view
+    "2x2-no-pad-batch": (8, 16, 9, 2, 1, 0, 1, 1, 2),
+    "positions-as-rows-no-pad": (6, 40, 6, 3, 1, 0),
 }
 
 

@@ -5,6 +5,7 @@ numbers as ONNX Runtime on odd channels, strides, dilations, padding and batches
 import numpy as np
 import pytest
 import tvm
+from asm_inspect import AARCH64, AVX512, ZEN3, assembly, fma_loops
 from conftest import TARGET
 from onnx import TensorProto, helper, numpy_helper
 
@@ -66,6 +67,9 @@ CASES = {
     "padded-flat-batch": (6, 24, 17, 3, 1, 1, 1, 1, 2),  # across two images
     "padded-flat-5x5-batch": (6, 24, 25, 5, 1, 2, 1, 1, 2),
     "padded-flat-dilated": (6, 24, 25, 3, 1, 2, 2),
+    # no padding: the gather reads the input itself (a parameter) through its flat view
+    "2x2-no-pad-batch": (8, 16, 9, 2, 1, 0, 1, 1, 2),
+    "positions-as-rows-no-pad": (6, 40, 6, 3, 1, 0),
 }
 
 
@@ -189,3 +193,31 @@ def test_squeeze_excite_convs_on_one_position_stay_fused(target):
     assert "one thread" in notes and "row ranges" not in notes, notes
     assert count_kernels(mod) <= count_kernels(fuse(import_onnx(model), target, strategy="tvm"))
     _check(model, target)
+
+
+@pytest.mark.parametrize("target", [ZEN3, AVX512, AARCH64], ids=["avx2", "avx512", "aarch64"])
+def test_every_tile_of_a_conv_keeps_its_accumulators_in_registers(target):
+    """Compile only: 32 output channels are 6-row tiles and a 2-row tail on AVX2 (whose
+    accumulators a heap workspace once kept in memory while the k loop read the packed B
+    block), 12 + 12 + 8 rows on AVX-512, 8-row tiles on AArch64: no FMA loop of the conv
+    moves a vector to or from the stack."""
+    if "aarch64" in str(target) and "aarch64" not in str(
+            tvm.target.codegen.llvm_get_targets()):
+        pytest.skip("LLVM built without the AArch64 backend")
+    loops = fma_loops(assembly(conv_model(16, 32, 40, 3, 2, 1), target))
+    assert loops and all(stack == 0 for _, _, stack in loops), loops
+
+
+@pytest.mark.parametrize("case", [(16, 32, 20, 3, 2, 1), (8, 16, 12, 3, 1, 1),
+                                  (16, 40, 5, 3, 1, 1)], ids=["stride2", "padded-flat",
+                                                               "positions-as-rows"])
+def test_im2col_gathers_through_a_table_of_k_offsets(case):
+    """The window's divisions of k (k // 9, k % 3…) are done once per call into a table:
+    the packing of B (or the copy of A, positions as rows) reads the padded input at a
+    panel's (a row's) offset plus the table's, and the numbers stay ONNX Runtime's."""
+    model = conv_model(*case)
+    func = [f for f in fuse(import_onnx(model), AVX2).functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc) and "packed GEMM" in _schedule_notes(
+                tvm.IRModule({"f": f}))][0]
+    assert "k_offsets" in func.script(), func.script()
+    _check(model, AVX2)

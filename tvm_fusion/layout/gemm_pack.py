@@ -220,23 +220,26 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
                 tirx.floormod(k, c(kw)))
 
     if plan.padded_flat:
-        # the padded input channel-major, [C, B·Hp·Wp + reach]: column t reads
-        # src[c, t + r·dh·Wp + s·dw], consecutive floats across rows and images
+        # the padded input channel-major, [C, B·Hp·Wp + reach] as rows of Wp: column t reads
+        # src[c, t + r·dh·Wp + s·dw], consecutive floats across rows and images; written
+        # row by row (a division per row, not per element)
         image = plan.image
         length = -(-columns // nr) * nr + (kh - 1) * dh * row + (kw - 1) * dw
+        padded_h = image // row
 
-        def padded_flat(ci, t):
-            b, rest = tirx.floordiv(t, c(image)), tirx.floormod(t, c(image))
-            ih = tirx.floordiv(rest, c(row)) - c(top)
-            iw = tirx.floormod(rest, c(row)) - c(left)
+        def padded_rows(ci, h, w):
+            b, ih = tirx.floordiv(h, c(padded_h)), tirx.floormod(h, c(padded_h)) - c(top)
+            iw = w - c(left)
             inside = [b < c(batch), ih >= c(0), ih < c(height), iw >= c(0), iw < c(width)]
             return tirx.if_then_else(tirx.all(*inside), x[b, ci, ih, iw],
                                      tirx.const(0, x.dtype))
-        src = te.compute((c(channels), c(length)), padded_flat, name="conv2d_pad")
+        src = te.compute((c(channels), c(-(-length // row)), c(row)), padded_rows,
+                         name="conv2d_pad")
 
         def pack(pj, k, lane):
             ci, r, s = window(k)
-            return src[ci, pj * c(nr) + lane + r * c(dh * row) + s * c(dw)]
+            t = pj * c(nr) + lane + r * c(dh * row) + s * c(dw)
+            return src[ci, tirx.floordiv(t, c(row)), tirx.floormod(t, c(row))]
     elif plan.flat:
         positions = out_h * out_w
 
@@ -309,17 +312,25 @@ def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm) -> te
         return tirx.const(v, "int64")
 
     k = te.reduce_axis((0, c(k_total)), name="k")
+    src = x
+    if any(plan.padding):
+        # the zero-padded input (small: these maps have fewer positions than channels), so
+        # that the window reads it without bounds tests: the GEMM nest's copy of A is then
+        # a gather whose offsets split into a row's and a k's
+        bottom, right = plan.padding[2], plan.padding[3]
+
+        def padded(b, ci, ih, iw):
+            inside = [ih >= c(top), ih < c(height + top), iw >= c(left), iw < c(width + left)]
+            return tirx.if_then_else(tirx.all(*inside), x[b, ci, ih - c(top), iw - c(left)],
+                                     tirx.const(0, x.dtype))
+        src = te.compute((c(batch), x.shape[1], c(height + top + bottom),
+                          c(width + left + right)), padded, name="conv2d_pad")
 
     def value(b, oh, ow, j):
         ci = tirx.floordiv(k, c(kh * kw))
         r = tirx.floormod(tirx.floordiv(k, c(kw)), c(kh))
         s = tirx.floormod(k, c(kw))
-        ih = oh * c(sh) + r * c(dh) - c(top)
-        iw = ow * c(sw) + s * c(dw) - c(left)
-        load = x[b, ci, ih, iw]
-        if any(plan.padding):
-            load = tirx.if_then_else(tirx.all(ih >= c(0), ih < c(height), iw >= c(0),
-                                              iw < c(width)), load, tirx.const(0, x.dtype))
+        load = src[b, ci, oh * c(sh) + r * c(dh), ow * c(sw) + s * c(dw)]
         return te.sum(load * bp[tirx.floordiv(j, c(nr)), k, tirx.floormod(j, c(nr))], axis=k)
 
     gemm = te.compute((c(batch), c(plan.out_h), c(plan.out_w), c(n)), value, name=PACKED_GEMM)

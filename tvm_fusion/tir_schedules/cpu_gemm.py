@@ -37,7 +37,7 @@ from ..tir_utils import buffer_loads, buffer_stores, const_int, find_all, iter_s
 from .analysis import param_names, root_block, stride_in_last_dim, written_only_before
 from .cpu_target import CpuParams
 from .cpu_tile import PACKED_GEMM_STAGE, fold_epilogue_chain
-from .gemm_template import STREAM_ROW_TILES, Blocking, Gemm, emit_gemm, parallel_plan
+from .gemm_template import STREAM_ROW_TILES, Blocking, Gemm, emit_gemm, parallel_plan, split_gather
 
 # Integer weight types the packed GEMM widens in registers (layout/weight_quant.py packs them)
 WEIGHT_DTYPES = ("int8", "uint8")
@@ -384,10 +384,21 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         copy = tirx.decl_buffer((rows, k), "float32", "a_rows")
         kind = tirx.ForKind.PARALLEL if params.cores > 1 else tirx.ForKind.SERIAL
         m_var, k_var = tirx.Var("m", "int64"), tirx.Var("kk", "int64")
+        value, tables = load_x(m_var, k_var), []
+        gather = split_gather(value, m_var, k_var)
+        if gather is not None:
+            # a conv's window over its padded input: the offsets that depend on k from a
+            # table filled once, the row's hoisted out of the k loop (no division per value)
+            flat, row_part, k_part, data = gather
+            offsets = tirx.decl_buffer((k,), "int64", "a_k_offsets")
+            tables = [tirx.DeclBuffer(flat, data=data), tirx.AllocBuffer(offsets), tirx.For(
+                k_var, _I0, tirx.const(k, "int64"), tirx.ForKind.SERIAL,
+                tirx.BufferStore(offsets, k_part(k_var), [k_var]))]
+            value = tirx.BufferLoad(flat, [row_part(m_var) + tirx.BufferLoad(offsets, [k_var])])
         fill = tirx.For(m_var, _I0, rows, kind, tirx.For(
             k_var, _I0, tirx.const(k, "int64"), tirx.ForKind.SERIAL,
-            tirx.BufferStore(copy, load_x(m_var, k_var), [m_var, k_var])))
-        prologue = [tirx.AllocBuffer(copy), fill]
+            tirx.BufferStore(copy, value, [m_var, k_var])))
+        prologue = [tirx.AllocBuffer(copy), *tables, fill]
 
         def load_a(m, kk):
             return tirx.BufferLoad(copy, [m, kk])

@@ -9,8 +9,10 @@
           for jr in NC step NR:       # B micro-panel KC×NR, contiguous
             micro-kernel: acc[MR, NR] (+)= A[ir:ir+MR, kc] ⊗ Bp[jr, kc, :]
 
-The accumulator is a ``local`` MR×NR buffer whose every index is a constant after the row
-loop is unrolled and the column loop vectorised, so LLVM keeps it in MR·NR/lanes registers.
+The accumulator is MR stack arrays of NR floats, one per row, whose every index is a constant
+once the rows are unrolled and the columns vectorised, so LLVM keeps them in MR·NR/lanes
+registers (SROA; a heap workspace, what TVM makes of a ``local`` buffer, stayed in memory
+where LLVM could not rule out aliasing).
 On the first K block it starts at zero (MLAS's ZeroMode), on later ones from the partial sums
 stored by the previous block; the last K block stores through the epilogue (bias, activation,
 residual, a permuted index), so a fused epilogue costs one expression per element stored.
@@ -21,6 +23,10 @@ tail computes the zero-padded last panel and stores its ``N mod NR`` columns, an
 is a shorter trip count of the (not unrolled) k loop.
 
 M = 1 (a GEMV, bandwidth-bound) streams the packed B once, panel after panel, over all of K.
+
+A B packed by the nest (a conv's im2col, ``Gemm.pack_b``) whose read of its source splits into
+a panel's offset + a k's + the lane (:func:`split_gather`) is packed through a table of the k
+offsets, filled once per call: no division of k by the conv window per value packed.
 
 An 8-bit B (a weight-only quantized weight, ``Gemm.widened``) is widened to float32 as the
 micro-kernel reads it while few row tiles stream B; with more rows each KC×NC block of B is
@@ -38,9 +44,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm import sym, tirx
+from tvm.ir.expr import TensorLoad
 
-from ..tir_utils import const_int
+from ..tir_utils import const_int, walk
 
 _F32 = "float32"
 # Up to this many row tiles a GEMM is bound by streaming B from memory (2·M FLOP per 4 bytes
@@ -132,18 +140,36 @@ class _Emitter:
         # a few row tiles are bound by streaming B from memory: one panel per N block reads
         # it front to back; more rows reuse an NC-wide B block from L2 for the whole of M
         self.streaming = _le(rows, STREAM_ROW_TILES * blk.mr)
+        split = _split_gather(gemm.pack_b) if gemm.pack_b is not None else None
+        self.gather, self.g_src_data = (split[:3], split[3]) if split else (None, None)
+        self.k_offsets = None
+        if self.gather is not None:
+            self.k_offsets = tirx.decl_buffer((gemm.k,), "int64", "k_offsets")
+
+    def offset_table(self) -> list:
+        """The offsets of B's gather that depend on k only (``_split_gather``), computed
+        once per call: ``pack_b`` then costs one table load per k and panel, not the
+        divisions of k by the conv window."""
+        if self.k_offsets is None:
+            return []
+        flat, _, k_part = self.gather
+        fill = _loop("k", self.g.k, lambda k: tirx.BufferStore(self.k_offsets, k_part(k), [k]))
+        return [tirx.DeclBuffer(flat, data=self.g_src_data), tirx.AllocBuffer(self.k_offsets),
+                fill]
 
     # ---------------------------------------------------------------- the micro-kernel
     def _each(self, rows: int, body_of, cols: int | None = None) -> tirx.Stmt:
-        """for r (unrolled) × columns: vectorised in whole registers, or ``cols`` serial."""
+        """for each row r (a Python int: the rows are unrolled here, each row its own
+        accumulator array) × columns: vectorised in whole registers, or ``cols`` serial."""
         lanes = self.b.lanes
-        if cols is None:
-            return _loop("r", rows, lambda r: _loop(
-                "jo", self.vectors, lambda jo: _loop(
+
+        def row(r: int) -> tirx.Stmt:
+            if cols is None:
+                return _loop("jo", self.vectors, lambda jo: _loop(
                     "jv", lanes, lambda jv: body_of(r, jo * lanes + jv),
-                    tirx.ForKind.VECTORIZED), tirx.ForKind.UNROLLED), tirx.ForKind.UNROLLED)
-        return _loop("r", rows, lambda r: _loop("c", cols, lambda c: body_of(r, c)),
-                     tirx.ForKind.UNROLLED)
+                    tirx.ForKind.VECTORIZED), tirx.ForKind.UNROLLED)
+            return _loop("c", cols, lambda c: body_of(r, c))
+        return _seq([row(r) for r in range(rows)])
 
     def tile(self, rows: int, row0, panel, cols: int, k0, klen, first, last,
              load_b: LoadB | None = None) -> tirx.Stmt:
@@ -153,24 +179,25 @@ class _Emitter:
         read (the packed B by default)."""
         g, nr = self.g, self.b.nr
         load_b = load_b or g.load_b
-        acc = tirx.decl_buffer((rows, nr), _F32, "acc", scope="local")
+        # one array per row, each a stack array (see _on_stack) that SROA splits into
+        # registers
+        accs = [tirx.decl_buffer((nr,), _F32, f"acc{r}") for r in range(rows)]
         col0 = panel * nr
 
         def zero(r, c):
-            return tirx.BufferStore(acc, tirx.const(0.0, _F32), [r, c])
+            return tirx.BufferStore(accs[r], tirx.const(0.0, _F32), [c])
 
         def update(kk):
             k = k0 + kk
 
             def fma(r, c):
-                cur = tirx.BufferLoad(acc, [r, c])
+                cur = tirx.BufferLoad(accs[r], [c])
                 return tirx.BufferStore(
-                    acc, cur + g.load_a(row0 + r, k) * load_b(panel, k, c),
-                    [r, c])
+                    accs[r], cur + g.load_a(row0 + r, k) * load_b(panel, k, c), [c])
             return self._each(rows, fma)
 
         def total(r, c, add_partial: bool):
-            value = tirx.BufferLoad(acc, [r, c])
+            value = tirx.BufferLoad(accs[r], [c])
             if add_partial:
                 buf, idx = g.partial_at(row0 + r, col0 + c)
                 value = tirx.BufferLoad(buf, idx) + value
@@ -194,7 +221,7 @@ class _Emitter:
         body = self._k_loop(klen, update)
         out = _choose(last, _choose(first, finish(False), finish(True)),
                       _choose(first, save(False), save(True)))
-        return _seq([tirx.AllocBuffer(acc), self._each(rows, zero), body, out])
+        return _seq([*map(_on_stack, accs), self._each(rows, zero), body, out])
 
     def _k_loop(self, klen, update) -> tirx.Stmt:
         """``update(kk)`` for kk < klen, two k steps per iteration (then the odd last one):
@@ -265,10 +292,17 @@ class _Emitter:
 
                 def b_at(panel, k, c):
                     return tirx.BufferLoad(packed, [at(panel - panels_from, k - k0, c)])
+                def gathered(panel, k, lane):
+                    if self.gather is None:
+                        return self.g.pack_b(panel, k, lane)
+                    flat, col_part, _ = self.gather
+                    return tirx.BufferLoad(flat, [col_part(panel) + tirx.BufferLoad(
+                        self.k_offsets, [k]) + lane])
+
                 def pack_panel(jr):
                     body = _loop("kk", klen, lambda kk: _loop(
                         "lane", nr, lambda lane: tirx.BufferStore(
-                            packed, self.g.pack_b(panels_from + jr, k0 + kk, lane),
+                            packed, gathered(panels_from + jr, k0 + kk, lane),
                             [at(jr, kk, lane)]), tirx.ForKind.VECTORIZED))
                     if const_int(panels_count) is not None:
                         return body
@@ -340,6 +374,16 @@ class _Emitter:
         return nests
 
 
+def _on_stack(acc: tirx.Buffer) -> tirx.Stmt:
+    """A row of the accumulator: a ``global`` buffer under 1 KiB, which TVM's
+    LowerTVMBuiltin leaves a stack array (an alloca that SROA splits into registers, every
+    index being a constant after unrolling). A ``local`` buffer, or one of 1 KiB or more
+    (AVX-512's 12×32 tile in one array is 1.5 KiB), becomes a heap workspace, which LLVM kept
+    in registers only where it could prove that no other store aliases it: a row tail tile
+    of a conv reading its packed B block had all its accumulators in memory."""
+    return tirx.AllocBuffer(acc)
+
+
 def _choose(cond, then_stmt, else_stmt):
     if cond is True:
         return then_stmt
@@ -377,6 +421,10 @@ def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
     :func:`parallel_plan` says."""
     rows = _simplify(_i64(gemm.rows))
     em = _Emitter(gemm, blk, rows)
+    return _seq([*em.offset_table(), _nest(em, gemm, blk, cores, rows)])
+
+
+def _nest(em: _Emitter, gemm: Gemm, blk: Blocking, cores: int, rows) -> tirx.Stmt:
     mode, per_block = parallel_plan(gemm.n, blk, cores, rows)
     if mode != "parallel row ranges":
         return _seq(em.columns(_i64(0), rows, per_block, mode == "parallel N blocks"))
@@ -391,6 +439,97 @@ def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
         count = tirx.max(_i64(0), tirx.min(chunk, rows - base))
         return _seq(em.columns(base, count, per_block, False))
     return _loop("rows", ranges, rows_of, tirx.ForKind.PARALLEL)
+
+
+def _split_gather(pack_b: PackB):
+    """``pack_b``'s value as a gather ``src[col_part(panel) + k_part(k) + lane]`` from the
+    flat ``src`` (:func:`split_gather`): a conv's im2col from its padded input, where the
+    window's ``k // (kh·kw)``, ``k % kw``… are the k part. Returns (a flat view of src,
+    col_part, k_part, src's data), or None."""
+    panel, k, lane = (tirx.Var(n, "int64") for n in ("panel", "k", "lane"))
+    return split_gather(pack_b(panel, k, lane), panel, k, lane)
+
+
+def split_gather(value, outer: tirx.Var, k: tirx.Var, lane: tirx.Var | None = None):
+    """``value``, an expression of ``outer`` (a panel, a row), ``k`` and ``lane``, as a load
+    ``src[outer_part(outer) + k_part(k) (+ lane)]`` from a flat view of ``src``: when it is
+    one load from a buffer of static shape whose flat index is a sum of terms each of which
+    uses one of them (``lane`` a term of its own). Returns (the flat view, outer_part,
+    k_part, src's data), or None."""
+    if not isinstance(value, TensorLoad):
+        return None
+    src = value.source
+    shape = [const_int(d) for d in src.shape]
+    if None in shape or len(shape) != len(value.indices):
+        return None
+    flat_index, stride = _i64(0), 1
+    for index, extent in zip(reversed(list(value.indices)), reversed(shape)):
+        flat_index = flat_index + index * _i64(stride)
+        stride *= extent
+    names = {"outer": outer, "k": k, **({"lane": lane} if lane is not None else {})}
+    # as written, else simplified: the simplifier folds a row-major split back,
+    # (t // W)·W + t % W = t
+    parts = (_parts(_terms(flat_index, 1), names)
+             or _parts(_terms(_simplify(flat_index), 1), names))
+    if parts is None:
+        return None
+
+    def part(name):
+        def of(value_):
+            total = tirx.const(0, "int64")
+            for term, scale in parts[name]:
+                term = _substitute(term, names[name], value_)
+                total = total + (term if scale == 1 else term * tirx.const(scale, "int64"))
+            return total
+        return of
+    flat = tirx.decl_buffer((stride,), src.ty.dtype, f"{src.name}_flat", data=src.data)
+    return flat, part("outer"), part("k"), src.data
+
+
+def _parts(terms: list, names: dict) -> dict | None:
+    """The terms grouped by the one variable of ``names`` each uses (constants with k), or
+    None when a term mixes them or a lane is not a term of its own."""
+    parts = {name: [] for name in names}
+    for term, scale in terms:
+        used = [name for name, var in names.items() if _uses(term, var)]
+        if len(used) > 1:
+            return None
+        parts[used[0] if used else "k"].append((term, scale))
+    if "lane" in names and [(t.same_as(names["lane"]), c) for t, c in parts["lane"]] != \
+            [(True, 1)]:
+        return None
+    return parts
+
+
+def _terms(expr, scale: int) -> list:
+    """``expr · scale`` as a list of (term, integer scale) whose sum it is."""
+    if isinstance(expr, tirx.Add):
+        return _terms(expr.a, scale) + _terms(expr.b, scale)
+    if isinstance(expr, tirx.Sub):
+        return _terms(expr.a, scale) + _terms(expr.b, -scale)
+    if isinstance(expr, tirx.Mul):
+        for x, c in ((expr.a, expr.b), (expr.b, expr.a)):
+            if const_int(c) is not None:
+                return _terms(x, scale * const_int(c))
+    if const_int(expr) is not None:
+        return [(_i64(const_int(expr)), scale)]
+    return [(expr, scale)]
+
+
+def _uses(expr, var) -> bool:
+    found = []
+
+    def visit(node):
+        if isinstance(node, tvm.ir.Var) and node.same_as(var):
+            found.append(node)
+    walk(expr, visit)
+    return bool(found)
+
+
+def _substitute(expr, var, value):
+    def visit(node):
+        return value if node.same_as(var) else node
+    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, visit)])
 
 
 def _le(rows, limit: int):
@@ -414,4 +553,5 @@ def _ceildiv(n: int, d):
     return tirx.floordiv(_i64(n) + d - _i64(1), d)
 
 
-__all__ = ["STREAM_ROW_TILES", "Blocking", "Gemm", "emit_gemm", "parallel_plan"]
+__all__ = ["STREAM_ROW_TILES", "Blocking", "Gemm", "emit_gemm", "parallel_plan",
+           "split_gather"]

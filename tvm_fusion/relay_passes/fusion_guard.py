@@ -55,6 +55,7 @@ from tvm import relax, tirx
 from tvm.s_tir import SBlock
 
 from ..instrument import emit
+from ..module_update import with_functions
 from ..tir_schedules.fused_block import ScheduleFusedBlocks
 from ..tir_schedules.records import KEPT_ATTR
 from ..tir_schedules.work import executed_work, recomputed_blocks
@@ -339,10 +340,5 @@ def _reuse(refused: tvm.IRModule, fused: tvm.IRModule, built: tvm.IRModule) -> t
             continue
         if tvm_ffi.structural_equal(func, fused[name]):
             updates[gvar] = built[name]
-    if not updates:
-        return refused
-    refused = refused.clone()
-    for gvar, func in updates.items():
-        refused[gvar] = func
-    return refused
+    return with_functions(refused, updates)
 

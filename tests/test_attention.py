@@ -323,6 +323,26 @@ def test_gpu_kernel_on_pocl(kind, options):
                                rtol=tol, atol=tol)
 
 
+def test_gpu_decode_on_pocl():
+    """The decode step (one query row, a symbolic cache) on the GPU template, at two cache
+    lengths from one module."""
+    from tvm_fusion.layout import opencl_runner
+
+    ok, why = opencl_runner.available()
+    if not ok:
+        pytest.skip(why)
+    model = attention_model("llama", seq=1, kv_seq="kv", mask="none")
+    mod = _gpu_module(model, OPENCL)
+    assert [f for f in mod.functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and ATTENTION_ATTR in f.attrs]
+    for kv in (7, 300):
+        feeds = random_inputs(model, seed=0, shape_overrides={"kv": kv})
+        ours = opencl_runner.OpenCLRunner().run_module(
+            mod, [feeds[n] for n in graph_input_names(model)], OPENCL)
+        np.testing.assert_allclose(ours[0], onnx_reference(model, feeds)[0], rtol=1e-5,
+                                   atol=1e-5)
+
+
 def test_gpu_blocks_follow_the_target():
     """One thread per row where that fills the SMs (a symbolic length); else several threads
     per row, rows per block halved until every SM gets two blocks (ViT-B/16's 12 heads × 197
@@ -348,7 +368,9 @@ def test_gpu_blocks_follow_the_target():
     assert little.bq * little.lanes <= 64 and shared_bytes(little, 64, 64) <= 16 << 10
 
 
-def test_cuda_kernel_compiles_to_ptx():
+@pytest.mark.parametrize("options", [{"seq": "seq"},  # causal: the bounded tile loop
+                                     {"seq": 1, "kv_seq": "kv", "mask": "none"}])  # decode
+def test_cuda_kernel_compiles_to_ptx(options):
     import shutil
 
     if shutil.which("nvcc") is None:
@@ -356,7 +378,7 @@ def test_cuda_kernel_compiles_to_ptx():
     import tvm.support.nvcc as nvcc
 
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host="llvm")
-    ex = compile_model(import_onnx(attention_model("llama", seq="seq")), target)
+    ex = compile_model(import_onnx(attention_model("llama", **options)), target)
 
     def walk(module):
         yield module

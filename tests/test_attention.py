@@ -434,6 +434,13 @@ def test_decode_step_is_one_block_with_the_decode_kernel():
     assert "decode" in str(func.attrs[SCHEDULE_ATTR][0])
 
 
+def test_decode_odd_head_size_and_partial_key_groups():
+    """A head size that is not a multiple of the SIMD width (20 = 16 vectorised + 4 scalar)
+    and caches whose tiles end inside a group of keys computed side by side."""
+    model = attention_model("llama", seq=1, kv_seq="kv", mask="none", head_dim=20)
+    _check(model, sizes=({"kv": 1}, {"kv": 6}, {"kv": 301}))
+
+
 def test_decode_key_ranges_are_combined():
     """Few heads for the cores: each head's keys are split into ranges whose partial softmax
     results are combined (flash decoding); one module at two cache lengths."""

@@ -75,6 +75,7 @@ from .records import (
 # asks for this much more margin
 UNDERFLOW_MARGIN = 128.0
 _MAX_BQ = 128
+_DECODE_KEYS = 4  # keys whose dot products the decode kernel computes side by side
 
 __all__ = ["ATTENTION_ATTR", "TILES_ATTR", "UNDERFLOW_MARGIN", "AttentionTiles", "MaskRegion",
            "box_condition", "build_cpu_attention", "choose_tiles", "decode_splits",
@@ -760,29 +761,39 @@ class _DecodeEmitter:
 
     def _tile(self, qv, sc, acc, st, batch, j0, nk, dvp):
         p, t = self.p, self.t
-        lanes = t.lanes
+        lanes, group = t.lanes, _DECODE_KEYS
         full = p.dk // lanes * lanes
-        part = T.alloc_buffer((lanes,), F32, scope="local")
+        part = T.alloc_buffer((group, lanes), F32, scope="local")
         red = T.alloc_buffer((2,), F32, scope="local")  # the tile's max, then its sum
         T.buffer_store(red, st[0], [0])
-        with T.serial(0, nk) as c:
-            j = j0 + c
-            with T.vectorized(0, lanes) as ln:
-                T.buffer_store(part, tirx.const(0.0, F32), [ln])
-            with T.serial(0, full // lanes) as kv:
+        # ``group`` keys' dot products side by side (independent FMA chains, the query in
+        # registers); a partial group's extra keys read the last key and are dropped
+        with T.serial(0, tirx.floordiv(nk + (group - 1), group)) as cg:
+            with T.unroll(0, group) as g:
                 with T.vectorized(0, lanes) as ln:
-                    kk = kv * lanes + ln
-                    T.buffer_store(part, part[ln] + qv[kk]
-                                   * value_at(p.key, p, batch, j=j, k=kk), [ln])
-            dot = T.alloc_buffer((1,), F32, scope="local")
-            T.buffer_store(dot, tirx.const(0.0, F32), [0])
-            for kk in range(full, p.dk):
-                T.buffer_store(dot, dot[0] + qv[kk] * value_at(p.key, p, batch, j=j, k=kk),
-                               [0])
-            for ln in range(lanes):
-                T.buffer_store(dot, dot[0] + part[ln], [0])
-            T.buffer_store(sc, value_at(p.score, p, batch, i=0, j=j, s=dot[0]), [c])
-            T.buffer_store(red, tirx.max(red[0], sc[c]), [0])
+                    T.buffer_store(part, tirx.const(0.0, F32), [g, ln])
+            with T.unroll(0, full // lanes) as kv:
+                with T.unroll(0, group) as g:
+                    with T.vectorized(0, lanes) as ln:
+                        kk = kv * lanes + ln
+                        j = tirx.min(j0 + cg * group + g, p.sk - 1)
+                        T.buffer_store(part, part[g, ln] + qv[kk]
+                                       * value_at(p.key, p, batch, j=j, k=kk), [g, ln])
+            for g in range(group):
+                c = cg * group + g
+                with T.If(c < nk):
+                    with T.Then():
+                        j = j0 + c
+                        dot = T.alloc_buffer((1,), F32, scope="local")
+                        T.buffer_store(dot, tirx.const(0.0, F32), [0])
+                        for kk in range(full, p.dk):
+                            T.buffer_store(dot, dot[0] + qv[kk] * value_at(p.key, p, batch,
+                                                                           j=j, k=kk), [0])
+                        for ln in range(lanes):
+                            T.buffer_store(dot, dot[0] + part[g, ln], [0])
+                        T.buffer_store(sc, value_at(p.score, p, batch, i=0, j=j, s=dot[0]),
+                                       [c])
+                        T.buffer_store(red, tirx.max(red[0], sc[c]), [0])
         m_new = red[0]
         corr = T.alloc_buffer((1,), F32, scope="local")
         T.buffer_store(corr, tirx.exp(st[0] - m_new), [0])
@@ -796,7 +807,7 @@ class _DecodeEmitter:
         with T.vectorized(0, dvp) as d:
             T.buffer_store(acc, acc[d] * corr[0], [d])
         with T.serial(0, nk) as c:
-            with T.serial(0, vfull // lanes) as dv:
+            with T.unroll(0, vfull // lanes) as dv:  # the accumulator in registers
                 with T.vectorized(0, lanes) as ln:
                     d = dv * lanes + ln
                     T.buffer_store(acc, acc[d] + sc[c] * value_at(p.value, p, batch, j=j0 + c,

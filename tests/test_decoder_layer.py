@@ -83,6 +83,15 @@ def test_decode_step_attention_is_one_block():
     assert sum(takes_sizes(c) for c in calls) <= 1
 
 
+def test_decode_report_names_one_attention_block():
+    from tvm_fusion.report import format_report, make_report
+
+    report = make_report(llama_decoder_layer(seq=1, past="past", **TINY), "decode",
+                         target=TARGET, check=False)
+    text = format_report(report)
+    assert text.count("[attention]") == 1 and "1 of 1 candidates fused" in text
+
+
 def _attention_schedules_of(fused) -> list[str]:
     return [str(f.attrs[SCHEDULE_ATTR][0]) for f in fused.functions.values()
             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and ATTENTION_ATTR in f.attrs]

@@ -15,7 +15,9 @@ exported twice:
 At each size the outputs are compared with ONNX Runtime's unoptimised session (the reference)
 and the two are timed against ONNX Runtime with its default session options (graph
 optimisations on) and one intra-op thread, calls alternated (``medians_in_turns``), medians
-over at least ``--seconds`` per side. Writes ``--out/decoder.json`` and ``decoder.md``.
+over at least ``--seconds`` per side. ``--stock`` adds stock FuseOps with tvm_fusion's
+schedules (``compile_model(strategy="tvm", schedule=True)``) to the same loop. ``--seqs ''``
+skips the prefill export. Writes ``--out/decoder.json`` and ``decoder.md``.
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ def ort_session(model) -> ort.InferenceSession:
                                 providers=["CPUExecutionProvider"])
 
 
-def measure(model, executable, sizes: dict, seconds: float, name: str) -> dict:
-    """Outputs against the reference, then tvm_fusion and ORT timed in turns."""
+STOCK = {"strategy": "tvm", "schedule": True}  # FuseOps groups, tvm_fusion's schedules
+
+
+def measure(model, executable, sizes: dict, seconds: float, name: str, stock=None) -> dict:
+    """Outputs against the reference, then tvm_fusion and ORT (and ``stock``, an executable)
+    timed in turns."""
     import tvm
 
     feeds = random_inputs(model, seed=0, shape_overrides=sizes)
@@ -70,6 +76,10 @@ def measure(model, executable, sizes: dict, seconds: float, name: str) -> dict:
     args = [tvm.runtime.tensor(x) for x in inputs]
     main = vm["main"]
     calls = {"tvm_fusion": lambda: main(*args), "onnxruntime": lambda: sess.run(None, feeds)}
+    if stock is not None:
+        err_stock = max_abs_error(run(stock, inputs), ref)
+        stock_main = tvm.relax.VirtualMachine(stock, tvm.cpu())["main"]
+        calls["stock"] = lambda: stock_main(*args)
     start = time.perf_counter()
     calls["tvm_fusion"]()
     once = max(time.perf_counter() - start, 1e-4)
@@ -79,6 +89,11 @@ def measure(model, executable, sizes: dict, seconds: float, name: str) -> dict:
            "onnxruntime_ms": t["onnxruntime"], "speedup": t["onnxruntime"] / t["tvm_fusion"],
            "max_abs_err": err, "ort_optimised_err": err_ort,
            "scale": float(max(np.abs(r).max() for r in ref)), "calls": repeat}
+    if stock is not None:
+        row.update(stock_ms=t["stock"], stock_speedup=t["stock"] / t["tvm_fusion"],
+                   stock_err=err_stock)
+        print(f"    stock FuseOps {row['stock_ms']:.1f} ms, stock / tvm_fusion "
+              f"{row['stock_speedup']:.2f}x; max err {err_stock:.1e}", flush=True)
     print(f"  {name} {sizes}: tvm_fusion {row['tvm_fusion_ms']:.1f} ms, ORT "
           f"{row['onnxruntime_ms']:.1f} ms, {row['speedup']:.2f}x; max err {err:.1e} "
           f"(ORT optimised {err_ort:.1e})", flush=True)
@@ -95,6 +110,14 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['case']} | {size} | {r['tvm_fusion_ms']:.1f} | "
                      f"{r['onnxruntime_ms']:.1f} | **{r['speedup']:.2f}×** | "
                      f"{r['max_abs_err']:.1e} |")
+    stock = [r for r in result["rows"] if "stock_ms" in r]
+    if stock:
+        lines += ["", "| case | size | stock FuseOps, same schedules (ms) | stock / tvm_fusion | "
+                  "max abs err vs ORT |", "|---|---|---|---|---|"]
+        for r in stock:
+            size = ", ".join(f"{k} {v}" for k, v in r["sizes"].items())
+            lines.append(f"| {r['case']} | {size} | {r['stock_ms']:.1f} | "
+                         f"**{r['stock_speedup']:.2f}×** | {r['stock_err']:.1e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -104,6 +127,8 @@ def main(argv=None) -> int:
     parser.add_argument("--past", default="2048", help="cache lengths of the decode step")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--small", action="store_true", help="a tiny layer (a smoke test)")
+    parser.add_argument("--stock", action="store_true",
+                        help="also time stock FuseOps with tvm_fusion's schedules")
     parser.add_argument("--out", default=str(ROOT / "out" / "decoder"))
     args = parser.parse_args(argv)
     config = SMALL if args.small else LLAMA
@@ -118,12 +143,16 @@ def main(argv=None) -> int:
     cases = [("prefill", llama_decoder_layer(seq="seq", **config), "seq", args.seqs),
              ("decode", llama_decoder_layer(seq=1, past="past", **config), "past", args.past)]
     for name, model, dim, sizes in cases:
+        if not sizes:
+            continue
         start = time.perf_counter()
         executable = compile_model(import_onnx(model), target)
         result[f"{name}_build_s"] = round(time.perf_counter() - start, 1)
         print(f"{name}: one module built in {result[f'{name}_build_s']} s", flush=True)
+        stock = compile_model(import_onnx(model), target, **STOCK) if args.stock else None
         for size in (int(s) for s in sizes.split(",") if s):
-            result["rows"].append(measure(model, executable, {dim: size}, args.seconds, name))
+            result["rows"].append(measure(model, executable, {dim: size}, args.seconds, name,
+                                          stock))
     write_results(args.out, "decoder", result, markdown(result))
     print(markdown(result))
     return 0

@@ -124,6 +124,8 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
     if ours:  # `past + 1` extents (a decode step's cache) named by variables of their own
         passes.append(BindCompoundExtents())
     passes += legalize_passes(target)
+    if ours:  # again: CanonicalizeBindings folded the names into `past + 1` in Relax's types
+        passes.append(BindCompoundExtents())
     if strategy == "dnnfusion" and opts.planning.attention:
         # a mask computed from indices once for every layer: a copy per reader, which each
         # attention block takes in and reads as an index expression (skipping masked tiles)

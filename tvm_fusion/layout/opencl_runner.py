@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
 from ..tir_utils import find_all
@@ -105,6 +106,32 @@ def compile_primfunc(func: tirx.PrimFunc, target, pipeline: str = OUR_PIPELINE,
     host = captured["mod"][name]
     launches, workspaces = _launch_plan(host, [p.name for p in params])
     return CompiledKernel(name, source, params, launches, workspaces)
+
+
+def specialize_sizes(func: tirx.PrimFunc, inputs: list) -> tuple[tirx.PrimFunc, tuple]:
+    """``func`` with its symbolic sizes bound to those of ``inputs`` (arrays for its first
+    parameters), and the sizes as a cache key: the runner launches static kernels, so a
+    symbolic-length kernel runs as itself specialised to each length (the same generated
+    code, its sizes constant)."""
+    sizes: dict = {}
+    for param, array in zip(func.params, inputs):
+        shape = getattr(param.ty, "shape", None)
+        if shape is None or not hasattr(array, "shape"):
+            continue
+        for dim, n in zip(shape, array.shape):
+            if isinstance(dim, tirx.Var):
+                sizes.setdefault(dim, int(n))
+    if not sizes:
+        return func, ()
+
+    def bind(var):
+        for size, n in sizes.items():
+            if var.same_as(size):
+                return tirx.const(n, str(var.ty))
+        return var
+
+    key = tuple(sorted((str(v.name), n) for v, n in sizes.items()))
+    return tvm_ffi.structural_map(func, [(tvm.ir.Var, bind)]), key
 
 
 def _with_host(target):
@@ -320,13 +347,15 @@ class OpenCLRunner:
             name = value.op.name if isinstance(value, relax.Call) else type(value).__name__
             raise NotImplementedError(f"the test runner only runs call_tir, not {name}")
         gvar = value.args[0]
-        if gvar.name_hint not in compiled:
-            compiled[gvar.name_hint] = compile_primfunc(mod[gvar], target, pipeline,
-                                                        gvar.name_hint)
-        kernel = compiled[gvar.name_hint]
         args = value.args[1].fields if isinstance(value.args[1], relax.Tuple) else [
             value.args[1]]
-        arrays = {p.name: self._value(a, values) for p, a in zip(kernel.params, args)}
+        inputs = [self._value(a, values) for a in args]
+        func, sizes = specialize_sizes(mod[gvar], inputs)
+        key = (gvar.name_hint, sizes)
+        if key not in compiled:
+            compiled[key] = compile_primfunc(func, target, pipeline, gvar.name_hint)
+        kernel = compiled[key]
+        arrays = {p.name: x for p, x in zip(kernel.params, inputs)}
         outs = self.run(kernel, arrays)
         results = [outs[p.name] for p in kernel.params[len(args):]]
         return results[0] if len(results) == 1 else tuple(results)

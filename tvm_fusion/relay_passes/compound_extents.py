@@ -24,6 +24,8 @@ from tvm import relax, tirx
 
 __all__ = ["BindCompoundExtents", "compound_extent"]
 
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
 
 def BindCompoundExtents() -> tvm.transform.Pass:  # noqa: N802 (a pass constructor)
     """``v + c`` extents of intermediate tensors renamed by a ``match_cast``."""
@@ -35,7 +37,7 @@ def BindCompoundExtents() -> tvm.transform.Pass:  # noqa: N802 (a pass construct
             if not isinstance(func, relax.Function) or not _has_compound(func):
                 continue
             try:
-                renamed = _Rename().visit_expr(func)
+                renamed = _Rename(mod).visit_expr(func)
             except Exception:  # noqa: BLE001 (an operator that will not take the renamed shape)
                 continue
             trial = out.clone()
@@ -84,8 +86,9 @@ def _has_compound(func: relax.Function) -> bool:
 
 @relax.expr_functor.mutator
 class _Rename(relax.PyExprMutator):
-    def __init__(self):
+    def __init__(self, mod: tvm.IRModule | None = None):
         super().__init__()
+        self.mod = mod  # for the kernels of legalised calls
         self.names: list = []  # [(v, c, n)]
         self.cast: dict = {}  # original var -> its match_cast (read by dataflow bindings)
         self.output = False  # visiting a binding of the block's outputs
@@ -101,6 +104,32 @@ class _Rename(relax.PyExprMutator):
 
     def visit_shape_expr_(self, op: relax.ShapeExpr):
         return relax.ShapeExpr([self._rename_dim(d) for d in op.values])
+
+    def _rename_ty(self, ty, buffers: list):
+        """``ty`` renamed where the kernel's output buffer (``buffers``, in order) binds the
+        extent itself (a plain variable); a kernel computing ``v + c`` (the concat) keeps it."""
+        if isinstance(ty, relax.TupleType):
+            return relax.TupleType([self._rename_ty(f, [b]) for f, b in zip(ty.fields, buffers)])
+        shape = _shape(ty)
+        theirs = getattr(buffers[0].ty, "shape", None) if buffers else None
+        if shape is None or theirs is None or len(theirs) != len(shape):
+            return ty
+        return relax.TensorType([self._rename_dim(d) if isinstance(b, tvm.ir.Var) else d
+                                 for d, b in zip(shape, theirs)], ty.dtype)
+
+    def visit_call_(self, op: relax.Call):
+        call = super().visit_call_(op)
+        if not (self.names and call.op.same_as(_CALL_TIR) and self.mod is not None):
+            return call
+        # legalised: the result type is spelled out in ty_args, checked against the kernel's
+        func = self.mod[call.args[0]] if call.args[0] in self.mod.functions else None
+        if not isinstance(func, tirx.PrimFunc) or len(op.ty_args) != 1:
+            return call
+        ty = op.ty_args[0]  # as written: the mutator renamed every shape of call.ty_args
+        count = len(ty.fields) if isinstance(ty, relax.TupleType) else 1
+        outputs = list(func.params)[-count:]
+        return relax.Call(call.op, call.args, call.attrs, [self._rename_ty(ty, outputs)],
+                          call.span)
 
     def visit_dataflow_var_(self, op):
         if not self.output and op in self.cast:

@@ -193,6 +193,9 @@ def build_ecg(
         if not isinstance(var, relax.DataflowVar):
             outputs_of_block.add(var)
         if isinstance(binding, relax.MatchCast):
+            # a size named by a variable of its own (BindCompoundExtents: ``past + 1``) is
+            # known when the value's shape computes it from known sizes
+            known_dims.update(_renamed_dims(binding, known_dims))
             for tvar in relax.analysis.definable_tir_vars_in_type(binding.ty):
                 if tvar.name not in known_dims:
                     runtime_dims.setdefault(tvar.name, set()).update(sources(value))
@@ -252,6 +255,17 @@ def build_ecg(
             if used in var_to_node:
                 nodes[var_to_node[used]].is_graph_output = True
     return ECG(nodes, block, var_to_node)
+
+
+def _renamed_dims(binding: relax.MatchCast, known: set[str]) -> set[str]:
+    """Variables the cast binds to a dimension of its value that is an expression of sizes
+    already known (a rename of ``past + 1``, not a size read at run time)."""
+    ours, theirs = getattr(binding.ty, "shape", None), getattr(binding.value.ty, "shape", None)
+    ours, theirs = getattr(ours, "values", ours), getattr(theirs, "values", theirs)
+    if ours is None or theirs is None or len(ours) != len(theirs):
+        return set()
+    return {a.name for a, b in zip(ours, theirs) if isinstance(a, tirx.Var)
+            and all(v.name in known for v in tirx.analysis.undefined_vars(b))}
 
 
 def _renamed_inputs(mod: tvm.IRModule, call: relax.Call, producers: dict) -> list:

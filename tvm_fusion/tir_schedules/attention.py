@@ -75,9 +75,11 @@ from .records import (
 # asks for this much more margin
 UNDERFLOW_MARGIN = 128.0
 _MAX_BQ = 128
+_DECODE_KEYS = 4  # keys whose dot products the decode kernel computes side by side
 
 __all__ = ["ATTENTION_ATTR", "TILES_ATTR", "UNDERFLOW_MARGIN", "AttentionTiles", "MaskRegion",
-           "box_condition", "build_cpu_attention", "choose_tiles", "mask_regions", "tile_bytes",
+           "box_condition", "build_cpu_attention", "choose_tiles", "decode_splits",
+           "mask_regions", "masked_from", "tile_bytes",
            "split_task", "try_schedule_attention", "under_root_block", "value_at"]
 
 
@@ -250,23 +252,10 @@ def _affine_in(value, s, ana):
 def box_condition(cond, polarity: bool, pattern: AttentionPattern, i_lo, i_hi, j_lo, j_hi):
     """A TIR condition true when ``cond == polarity`` on every point of the box
     ``[i_lo, i_hi] × [j_lo, j_hi]`` (inclusive), or None when ``cond`` is not affine in i, j."""
-    i, j = pattern.i, pattern.j
-    # normalise to e(i, j) < 0 / <= 0 with e affine
-    if isinstance(cond, tirx.LT):
-        e, strict = cond.a - cond.b, True
-    elif isinstance(cond, tirx.LE):
-        e, strict = cond.a - cond.b, False
-    elif isinstance(cond, tirx.GT):
-        e, strict = cond.b - cond.a, True
-    else:
-        e, strict = cond.b - cond.a, False
-    coeffs = sym.detect_linear_equation(e, [i, j])
-    if len(coeffs) != 3:
+    linear = _linear_condition(cond, pattern)
+    if linear is None:
         return None
-    ci, cj, c0 = coeffs
-    if not isinstance(ci, tirx.IntImm) or not isinstance(cj, tirx.IntImm):
-        return None
-    ci, cj = int(ci.value), int(cj.value)
+    ci, cj, c0, strict = linear
 
     def extreme(high: bool):
         total = c0
@@ -280,6 +269,51 @@ def box_condition(cond, polarity: bool, pattern: AttentionPattern, i_lo, i_hi, j
         return top < 0 if strict else top <= 0
     low = extreme(False)  # the condition false everywhere: e >= 0 (or > 0) at its minimum
     return low >= 0 if strict else low > 0
+
+
+def _linear_condition(cond, pattern: AttentionPattern):
+    """``cond`` as ``e(i, j) < 0`` (strict) or ``e <= 0``, ``e = ci·i + cj·j + c0`` with
+    integer ``ci``, ``cj``: ``(ci, cj, c0, strict)``, or None."""
+    if isinstance(cond, tirx.LT):
+        e, strict = cond.a - cond.b, True
+    elif isinstance(cond, tirx.LE):
+        e, strict = cond.a - cond.b, False
+    elif isinstance(cond, tirx.GT):
+        e, strict = cond.b - cond.a, True
+    else:
+        e, strict = cond.b - cond.a, False
+    coeffs = sym.detect_linear_equation(e, [pattern.i, pattern.j])
+    if len(coeffs) != 3:
+        return None
+    ci, cj, c0 = coeffs
+    if not isinstance(ci, tirx.IntImm) or not isinstance(cj, tirx.IntImm):
+        return None
+    return int(ci.value), int(cj.value), c0, strict
+
+
+def masked_from(cond, polarity: bool, pattern: AttentionPattern, i_lo, i_hi):
+    """The first key from which ``cond == polarity`` holds for every key after it and every
+    row of ``[i_lo, i_hi]`` (a causal mask: the keys after the block's last row), or None when
+    the region is not every key beyond a bound (a mask below the diagonal, a band). The loop
+    bound :func:`box_condition`'s per-tile test gives in one expression: a tile starting at
+    or after it is entirely in the region."""
+    linear = _linear_condition(cond, pattern)
+    if linear is None:
+        return None
+    ci, cj, c0, strict = linear
+    if polarity:  # e < 0 (e <= 0) for all j >= J: needs cj < 0; the worst row maximises ci·i
+        if cj >= 0:
+            return None
+        top = c0 + ci * (i_hi if ci > 0 else i_lo)  # e = top - |cj|·j
+        # strict: j > top / |cj|, i.e. j >= top // |cj| + 1; else j >= ceil(top / |cj|)
+        return (tirx.floordiv(top, -cj) + 1 if strict
+                else tirx.floordiv(top + (-cj - 1), -cj))
+    if cj <= 0:  # e >= 0 (e > 0) for all j >= J: needs cj > 0; the worst row minimises ci·i
+        return None
+    low = c0 + ci * (i_lo if ci > 0 else i_hi)  # e = low + cj·j
+    # strict (not e < 0): j >= ceil(-low / cj); else (not e <= 0): j >= -low // cj + 1
+    return (tirx.floordiv(-low + (cj - 1), cj) if strict
+            else tirx.floordiv(-low, cj) + 1)
 
 
 # --------------------------------------------------------------------------------- emitting
@@ -332,14 +366,18 @@ def build_cpu_attention(pattern: AttentionPattern, params: CpuParams,
                         tiles: AttentionTiles | None = None) -> tuple[tirx.PrimFunc, list[str]]:
     """The attention as one generated PrimFunc with ``pattern.func``'s signature, and notes."""
     tiles = tiles or choose_tiles(pattern, params, _static(pattern.sq))
-    emitter = _CpuEmitter(pattern, tiles, params.cores)
+    if _static(pattern.sq) == 1:
+        emitter = _DecodeEmitter(pattern, tiles, params.cores)
+        description = emitter.describe()
+    else:
+        emitter = _CpuEmitter(pattern, tiles, params.cores)
+        description = (f"attention (online softmax): {tiles.describe()}; "
+                       f"{len(emitter.regions)} masked-tile test(s)")
     body = under_root_block(emitter.emit())
     func = pattern.func
     result = tirx.PrimFunc(list(func.params), body, func.ret_type, func.attrs)
     result = result.with_attr("tirx.noalias", True)
-    notes = [f"attention (online softmax): {tiles.describe()}; "
-             f"{len(emitter.regions)} masked-tile test(s)"]
-    return result, notes
+    return result, [description]
 
 
 def _static(expr) -> int | None:
@@ -648,6 +686,164 @@ class _CpuEmitter:
                 index = [value_at(ix, p, batch, i=i0 + r, d=dd) for ix in p.out_index]
                 value = value_at(p.out_value, p, batch, i=i0 + r, d=dd, o=o)
                 T.buffer_store(p.out, value, index)
+
+
+def decode_splits(pattern: AttentionPattern, cores: int) -> int:
+    """Key ranges per (batch…) entry of a decode step: enough tasks for four per core when
+    there are few heads (each range's partial softmax is combined at the end), else 1."""
+    heads = 1
+    for ext in pattern.batch_extents:
+        if _static(ext) is None:
+            return 1  # a symbolic batch: the heads are many
+        heads *= _static(ext)
+    return max(1, -(-4 * max(cores, 1) // max(heads, 1))) if heads < 4 * max(cores, 1) else 1
+
+
+class _DecodeEmitter:
+    """One query row (a decode step: the new token against the key/value cache). Nothing is
+    packed: each key is used once, so K and V are read where they are (a key's dot product
+    vectorised over the head dimension, ``P·V`` over the value columns), tile by tile with the
+    online softmax of the general template; no score beyond a tile of ``bk`` keys is kept.
+    Tasks are the (batch…) entries, each split into ``splits`` key ranges when there are
+    fewer heads than four per core; the ranges' partial results (max, sum, accumulator) are
+    combined at the end, rescaled to the row's maximum (flash decoding)."""
+
+    def __init__(self, pattern: AttentionPattern, tiles: AttentionTiles, cores: int = 1):
+        self.p, self.t = pattern, tiles
+        self.splits = decode_splits(pattern, cores)
+        self.regions: list = []  # one row: masks are applied per score, no tile is skipped
+
+    def describe(self) -> str:
+        return (f"attention (online softmax, decode): 1 query row x {self.t.bk} keys per tile, "
+                f"K and V read in place; {self.splits} key range(s) per head"
+                + (", combined" if self.splits > 1 else "") + "; 0 masked-tile test(s)")
+
+    def emit(self):
+        p, t = self.p, self.t
+        itype = str(p.i.ty)
+        dvp = _ceil_to(p.dv, t.lanes)
+        n_kt = tirx.floordiv(p.sk + (t.bk - 1), t.bk)
+        heads = tirx.const(1, itype)
+        for ext in p.batch_extents:
+            heads = heads * ext
+        splits = self.splits
+        per_split = tirx.floordiv(n_kt + (splits - 1), splits)
+        with IRBuilder() as ib, T.serial(0, 1):  # a frame for two loops, unwrapped below
+            ws = T.alloc_buffer((heads * splits, dvp + 2), F32) if splits > 1 else None
+            with T.parallel(tirx.const(0, itype), heads * splits) as task:
+                part, batch = split_task(task, splits, p.batch_extents)
+                qv = T.alloc_buffer((p.dk,), F32, scope="local")
+                sc = T.alloc_buffer((t.bk,), F32, scope="local")
+                acc = T.alloc_buffer((dvp,), F32, scope="local")
+                st = T.alloc_buffer((2,), F32, scope="local")  # running max, running sum
+                with T.serial(0, p.dk) as c:
+                    T.buffer_store(qv, value_at(p.query, p, batch, i=0, k=c), [c])
+                T.buffer_store(st, p.m_init, [0])
+                T.buffer_store(st, tirx.const(0.0, F32), [1])
+                with T.vectorized(0, dvp) as c:
+                    T.buffer_store(acc, tirx.const(0.0, F32), [c])
+                first = part * per_split
+                last = tirx.min(n_kt, first + per_split)
+                with T.serial(first, tirx.max(first, last)) as kb:
+                    j0 = kb * t.bk
+                    nk = tirx.min(tirx.const(t.bk, itype), p.sk - j0)
+                    self._tile(qv, sc, acc, st, batch, j0, nk, dvp)
+                if ws is None:
+                    self._store(acc, st[1], batch)
+                else:
+                    T.buffer_store(ws, st[0], [task, 0])
+                    T.buffer_store(ws, st[1], [task, 1])
+                    with T.vectorized(0, dvp) as c:
+                        T.buffer_store(ws, acc[c], [task, c + 2])
+            if ws is not None:
+                self._combine(ws, heads, dvp)
+        return ib.get().body
+
+    def _tile(self, qv, sc, acc, st, batch, j0, nk, dvp):
+        p, t = self.p, self.t
+        lanes, group = t.lanes, _DECODE_KEYS
+        full = p.dk // lanes * lanes
+        part = T.alloc_buffer((group, lanes), F32, scope="local")
+        red = T.alloc_buffer((2,), F32, scope="local")  # the tile's max, then its sum
+        T.buffer_store(red, st[0], [0])
+        # ``group`` keys' dot products side by side (independent FMA chains, the query in
+        # registers); a partial group's extra keys read the last key and are dropped
+        with T.serial(0, tirx.floordiv(nk + (group - 1), group)) as cg:
+            with T.unroll(0, group) as g:
+                with T.vectorized(0, lanes) as ln:
+                    T.buffer_store(part, tirx.const(0.0, F32), [g, ln])
+            with T.unroll(0, full // lanes) as kv:
+                with T.unroll(0, group) as g:
+                    with T.vectorized(0, lanes) as ln:
+                        kk = kv * lanes + ln
+                        j = tirx.min(j0 + cg * group + g, p.sk - 1)
+                        T.buffer_store(part, part[g, ln] + qv[kk]
+                                       * value_at(p.key, p, batch, j=j, k=kk), [g, ln])
+            for g in range(group):
+                c = cg * group + g
+                with T.If(c < nk):
+                    with T.Then():
+                        j = j0 + c
+                        dot = T.alloc_buffer((1,), F32, scope="local")
+                        T.buffer_store(dot, tirx.const(0.0, F32), [0])
+                        for kk in range(full, p.dk):
+                            T.buffer_store(dot, dot[0] + qv[kk] * value_at(p.key, p, batch,
+                                                                           j=j, k=kk), [0])
+                        for ln in range(lanes):
+                            T.buffer_store(dot, dot[0] + part[g, ln], [0])
+                        T.buffer_store(sc, value_at(p.score, p, batch, i=0, j=j, s=dot[0]),
+                                       [c])
+                        T.buffer_store(red, tirx.max(red[0], sc[c]), [0])
+        m_new = red[0]
+        corr = T.alloc_buffer((1,), F32, scope="local")
+        T.buffer_store(corr, tirx.exp(st[0] - m_new), [0])
+        T.buffer_store(st, m_new, [0])
+        T.buffer_store(red, tirx.const(0.0, F32), [1])
+        with T.serial(0, nk) as c:
+            T.buffer_store(sc, tirx.exp(sc[c] - st[0]), [c])
+            T.buffer_store(red, red[1] + sc[c], [1])
+        T.buffer_store(st, st[1] * corr[0] + red[1], [1])
+        vfull = p.dv // lanes * lanes
+        with T.vectorized(0, dvp) as d:
+            T.buffer_store(acc, acc[d] * corr[0], [d])
+        with T.serial(0, nk) as c:
+            with T.unroll(0, vfull // lanes) as dv:  # the accumulator in registers
+                with T.vectorized(0, lanes) as ln:
+                    d = dv * lanes + ln
+                    T.buffer_store(acc, acc[d] + sc[c] * value_at(p.value, p, batch, j=j0 + c,
+                                                                  d=d), [d])
+            for d in range(vfull, p.dv):
+                T.buffer_store(acc, acc[d] + sc[c] * value_at(p.value, p, batch, j=j0 + c, d=d),
+                               [d])
+
+    def _store(self, acc, total, batch):
+        p = self.p
+        with T.serial(0, p.dv) as dd:
+            o = acc[dd] / total
+            index = [value_at(ix, p, batch, i=0, d=dd) for ix in p.out_index]
+            T.buffer_store(p.out, value_at(p.out_value, p, batch, i=0, d=dd, o=o), index)
+
+    def _combine(self, ws, heads, dvp):
+        """Per (batch…) entry: the key ranges' partial results rescaled to the row maximum."""
+        p, splits = self.p, self.splits
+        itype = str(p.i.ty)
+        with T.parallel(tirx.const(0, itype), heads) as h:
+            _, batch = split_task(h, 1, p.batch_extents)
+            base = h * splits
+            top = T.alloc_buffer((2,), F32, scope="local")  # row max, row sum
+            acc = T.alloc_buffer((dvp,), F32, scope="local")
+            T.buffer_store(top, ws[base, 0], [0])
+            for r in range(1, splits):
+                T.buffer_store(top, tirx.max(top[0], ws[base + r, 0]), [0])
+            T.buffer_store(top, tirx.const(0.0, F32), [1])
+            with T.vectorized(0, dvp) as c:
+                T.buffer_store(acc, tirx.const(0.0, F32), [c])
+            for r in range(splits):
+                w = tirx.exp(ws[base + r, 0] - top[0])
+                T.buffer_store(top, top[1] + ws[base + r, 1] * w, [1])
+                with T.vectorized(0, dvp) as c:
+                    T.buffer_store(acc, acc[c] + ws[base + r, c + 2] * w, [c])
+            self._store(acc, top[1], batch)
 
 
 def tile_bytes(pattern: AttentionPattern, tiles: AttentionTiles) -> int:

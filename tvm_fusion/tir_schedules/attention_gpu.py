@@ -35,6 +35,7 @@ from .attention import (
     UNDERFLOW_MARGIN,
     box_condition,
     mask_regions,
+    masked_from,
     split_task,
     under_root_block,
     value_at,
@@ -187,21 +188,39 @@ def build_gpu_attention(pattern: AttentionPattern, target,
                 T.buffer_store(acc, tirx.const(0.0, F32), [c])
             T.buffer_store(st, p.m_init, [0])
             T.buffer_store(st, tirx.const(0.0, F32), [1])
-            with T.serial(tirx.const(0, itype), n_kt) as kb:
-                j0 = kb * bk
-                _load_tile(p, kt, kt_value=True, batch=batch, j0=j0, tid=tid, nthreads=nthreads,
-                           bk=bk, width=dk, itype=itype)
-                _load_tile(p, vt, kt_value=False, batch=batch, j0=j0, tid=tid,
-                           nthreads=nthreads, bk=bk, width=dv, itype=itype)
-                T.evaluate(T.tvm_storage_sync("shared"))
-                compute = tirx.LT(row, sq)
-                skip = _row_skip(p, regions, row, j0, bk, st[0], q)
-                if skip is not None:
-                    compute = tirx.And(compute, tirx.Not(skip))
-                with T.If(compute):
+            def key_tiles(first, last):
+                with T.serial(first, last) as kb:
+                    j0 = kb * bk
+                    _load_tile(p, kt, kt_value=True, batch=batch, j0=j0, tid=tid,
+                               nthreads=nthreads, bk=bk, width=dk, itype=itype)
+                    _load_tile(p, vt, kt_value=False, batch=batch, j0=j0, tid=tid,
+                               nthreads=nthreads, bk=bk, width=dv, itype=itype)
+                    T.evaluate(T.tvm_storage_sync("shared"))
+                    compute = tirx.LT(row, sq)
+                    skip = _row_skip(p, regions, row, j0, bk, st[0], q)
+                    if skip is not None:
+                        compute = tirx.And(compute, tirx.Not(skip))
+                    with T.If(compute):
+                        with T.Then():
+                            _row_tile(p, q, kt, vt, sc, acc, st, batch, row, j0, tx, lanes,
+                                      kpl)
+                    T.evaluate(T.tvm_storage_sync("shared"))
+
+            zero = tirx.const(0, itype)
+            tail = _causal_tail(p, regions, qb * bq, tirx.min(qb * bq + bq, sq) - 1)
+            if tail is None:
+                key_tiles(zero, n_kt)
+            else:
+                # the block's rows see no key from ``start`` on: stop at the diagonal tile,
+                # and stream the rest only where the block-wide test says a row needs it
+                region, start = tail
+                kb_end = tirx.max(zero, tirx.min(n_kt, tirx.floordiv(start + (bk - 1), bk)))
+                key_tiles(zero, kb_end)
+                need = _tail_needed(p, region, batch, kb_end * bk, q, st, mb, lb, row, tid,
+                                    nthreads, itype)
+                with T.If(need):
                     with T.Then():
-                        _row_tile(p, q, kt, vt, sc, acc, st, batch, row, j0, tx, lanes, kpl)
-                T.evaluate(T.tvm_storage_sync("shared"))
+                        key_tiles(kb_end, n_kt)
             _merge_lanes(p, mb, lb, cb, acc, st, batch, row, tx, ty, tid, lanes)
     body = ib.get().body  # the frame's loop of one
     body = tirx.AttrStmt(tx_iv, "thread_extent", tirx.const(lanes, "int32"), body)
@@ -265,6 +284,75 @@ def _load_tile(p, buf, kt_value: bool, batch, j0, tid, nthreads, bk, width, ityp
             with T.Then():
                 T.buffer_store(buf, tirx.if_then_else(j < p.sk, expr, tirx.const(0.0, F32)),
                                [c * padded_stride(width) + w])
+
+
+def _causal_tail(p, regions, i_lo, i_hi):
+    """(region, first key) of an index mask that covers every key from a bound on for the
+    rows ``[i_lo, i_hi]`` (a causal mask: the keys after the last row), or None."""
+    for region, _ in regions:
+        start = masked_from(region.cond, region.polarity, p, i_lo, i_hi)
+        if start is not None:
+            return region, start
+    return None
+
+
+def _tail_needed(p, region, batch, j_start, q, st, mb, lb, row, tid, nthreads, itype):
+    """Block-uniform: does a row of the block need the keys from ``j_start`` on, all in
+    ``region``? Not when their value underflows against the row's maximum, ``exp(value - m)
+    == 0`` (the CPU template's masked-tile test, once for the whole tail): a constant value,
+    or ``slope·s + offset`` with ``|s| ≤ dk·max|q|·max|k|``, q and the tail's keys finite
+    (max |k| over the tail read by the block; V is not read). A NaN or infinite key there,
+    or scores the mask does not push below the maximum, stream the tail as before."""
+    ok = region.offset - st[0] < tirx.const(-UNDERFLOW_MARGIN, F32)
+    if region.slope is not None:
+        # the tail's max |k| and finiteness, each thread a strided share, merged in shared
+        km = T.alloc_buffer((2,), F32, scope="local")
+        T.buffer_store(km, tirx.const(0.0, F32), [0])
+        T.buffer_store(km, tirx.const(1.0, F32), [1])
+        count = tirx.max(tirx.const(0, itype), p.sk - j_start) * p.dk
+        with T.serial(tirx.const(0, itype), tirx.floordiv(count + (nthreads - 1), nthreads)) as e:
+            idx = e * nthreads + tirx.Cast(itype, tid)
+            with T.If(idx < count):
+                with T.Then():
+                    x = T.alloc_buffer((1,), F32, scope="local")
+                    T.buffer_store(x, value_at(p.key, p, batch, j=j_start + tirx.floordiv(
+                        idx, p.dk), k=tirx.floormod(idx, p.dk)), [0])
+                    T.buffer_store(km, tirx.max(km[0], tirx.abs(x[0])), [0])
+                    T.buffer_store(km, tirx.Select(tirx.isfinite(x[0]), km[1],
+                                                   tirx.const(0.0, F32)), [1])
+        T.evaluate(T.tvm_storage_sync("shared"))
+        T.buffer_store(mb, km[0], [tid])
+        T.buffer_store(lb, km[1], [tid])
+        T.evaluate(T.tvm_storage_sync("shared"))
+        with T.serial(0, nthreads) as t:
+            T.buffer_store(km, tirx.max(km[0], mb[t]), [0])
+            T.buffer_store(km, tirx.min(km[1], lb[t]), [1])
+        qs = T.alloc_buffer((2,), F32, scope="local")  # the row's max |q|, all finite
+        T.buffer_store(qs, tirx.const(0.0, F32), [0])
+        T.buffer_store(qs, tirx.const(1.0, F32), [1])
+        with T.serial(0, p.dk) as c:
+            T.buffer_store(qs, tirx.max(qs[0], tirx.abs(q[c])), [0])
+            T.buffer_store(qs, tirx.Select(tirx.isfinite(q[c]), qs[1], tirx.const(0.0, F32)),
+                           [1])
+        bound = (tirx.const(float(p.dk) * (1.0 + 2.0 ** -8), F32) * qs[0] * km[0]
+                 + tirx.const(1e-30, F32))
+        upper = tirx.abs(region.slope) * bound + region.offset
+        ok = tirx.And(tirx.And(qs[1] > 0.5, km[1] > 0.5),
+                      upper - st[0] < tirx.const(-UNDERFLOW_MARGIN, F32))
+    ok = tirx.Or(tirx.GE(row, p.sq), ok)
+    T.evaluate(T.tvm_storage_sync("shared"))
+    with T.If(tid == 0):
+        with T.Then():
+            T.buffer_store(lb, tirx.const(0.0, F32), [0])
+    T.evaluate(T.tvm_storage_sync("shared"))
+    with T.If(tirx.Not(ok)):
+        with T.Then():
+            T.buffer_store(lb, tirx.const(1.0, F32), [0])  # any row: the same value
+    T.evaluate(T.tvm_storage_sync("shared"))
+    flag = T.alloc_buffer((1,), F32, scope="local")
+    T.buffer_store(flag, lb[0], [0])
+    T.evaluate(T.tvm_storage_sync("shared"))  # lb is the merge's again
+    return flag[0] > 0.5
 
 
 def _row_skip(p, regions, row, j0, bk, m_row, q):

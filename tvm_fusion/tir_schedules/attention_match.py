@@ -581,10 +581,12 @@ def match_attention(func: tirx.PrimFunc) -> AttentionPattern:
     sub[qk.reduce[0]] = k
     mul = substitute(expanded[id(qk)], sub)
     a, b = simplify_loads(mul.a, ana, ranges), simplify_loads(mul.b, ana, ranges)
-    q_first = uses(a, i) and not uses(a, j)
+    # one query row (a decode step) or one key: that axis may be folded away in the loads
+    one_row, one_key = _is_one(ana.simplify(pv_ext[-2])), _is_one(ana.simplify(sk))
+    q_first = (uses(a, i) or (one_row and uses(b, j))) and not uses(a, j)
     query, key = (a, b) if q_first else (b, a)
-    if uses(query, j) or uses(key, i) or not uses(query, i) or not uses(key, j) or not (
-            uses(query, k) and uses(key, k)):
+    if uses(query, j) or uses(key, i) or not (uses(query, i) or one_row) or not (
+            uses(key, j) or one_key) or not (uses(query, k) and uses(key, k)):
         raise NotAttention("Q·Kᵀ's operands are not (rows × head) · (keys × head)")
     in_dtype = str(first.ty)
 
@@ -715,9 +717,18 @@ def contraction_roles(func: tirx.PrimFunc) -> Contraction | None:
                       for name, x in (("i", i), ("j", j), ("k", k))})
     if not all(r["k"] for r in roles):
         return None
-    if roles[0]["i"] and not roles[0]["j"] and roles[1]["j"] and not roles[1]["i"]:
+    # an axis of extent 1 may be folded away (one query row of a decode step: SmartMem's
+    # copy composed into the load reads ``q[0, 0, h·d + k]``, without ``i``)
+    extents = {iv.var: iv.dom.extent for iv in d.block.iter_vars}
+    unit = {name: _is_one(extents.get(x)) for name, x in (("i", i), ("j", j))}
+
+    def fits(row: dict, col: dict) -> bool:
+        return ((row["i"] or unit["i"]) and not row["j"] and (col["j"] or unit["j"])
+                and not col["i"] and (row["i"] or col["j"]))
+
+    if fits(roles[0], roles[1]):
         row, col = 0, 1
-    elif roles[1]["i"] and not roles[1]["j"] and roles[0]["j"] and not roles[0]["i"]:
+    elif fits(roles[1], roles[0]):
         row, col = 1, 0
     else:
         return None

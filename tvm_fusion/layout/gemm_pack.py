@@ -27,9 +27,9 @@ and emits the packed GEMM nest (``tir_schedules/cpu_gemm.py``).
 
 A dense NCHW convolution with a constant weight and static channels and map
 (``relax.nn.conv2d``, groups 1, float32) is the same GEMM, as MLAS computes it (im2col +
-SGEMM): the weight ``W[N, C·kh·kw]`` is the A operand (rows: output channels, contiguous in k), and the im2col
-matrix of the input, packed per call straight into NR-column panels, is B (columns: the
-output positions of every image)::
+SGEMM): the weight ``W[N, C·kh·kw]`` is the A operand (rows: output channels, contiguous in
+k), and the im2col matrix of the input, packed per call straight into NR-column panels, is B
+(columns: the output positions of every image)::
 
     Bp[p // NR, k, p % NR] = x_pad[b(p), c(k), oh(p)·sh + r(k)·dh, ow(p)·sw + s(k)·dw]
     C[co, p] = Σ_k W[co, k] · Bp[p // NR, k, p % NR]          # matmul_packed

@@ -136,7 +136,12 @@ class Value:
     @property
     def size(self) -> int:
         """Elements; a symbolic extent at its representative size (for costs)."""
-        return math.prod(_rep(d) for d in self.shape) if self.shape is not None else 0
+        if self.shape is None:
+            return 0
+        try:
+            return math.prod(self.shape)
+        except Refuse:  # a symbolic extent (rare): the slow way
+            return math.prod(_rep(d) for d in self.shape)
 
     @property
     def ndim(self) -> int:

@@ -161,6 +161,35 @@ def test_conv_gemm_shapes(arm64_device):
                     "as rows, one position)", atol=2e-4)
 
 
+@pytest.mark.timeout(900)
+def test_conv_gemm_over_a_symbolic_batch(arm64_device):
+    """A conv with a symbolic batch as the packed GEMM in NEON code: one image's plan in a loop
+    over the images (odd channels, stride 2, padding), one build run at batch 1 and 3."""
+    c_in, c_out, size = 17, 33, 13
+    rng = np.random.default_rng(6)
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=[3, 3],
+                            strides=[2, 2], pads=[1] * 4)
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                       ["batch", c_in, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(rng.standard_normal((c_out, c_in, 3, 3)).astype("float32"),
+                                 "W"),
+         numpy_helper.from_array(rng.standard_normal(c_out).astype("float32"), "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    target = T.resolve_target(AARCH64)
+    mod = fuse(import_onnx(model), target)
+    notes = [str(note) for f in mod.functions.values() if f.attrs is not None
+             and "tvm_fusion.schedule" in f.attrs for note in f.attrs["tvm_fusion.schedule"]]
+    assert any("one GEMM per image" in n for n in notes), notes
+    executable = compile_model(import_onnx(model), target)
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, c_in, size, size)).astype("float32")
+        got = T.remote_run(executable, [x], arm64_device.tracker, arm64_device.key, target)
+        compare(got, onnx_reference(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
 # ---------------------------------------------------------------------------- slow set
 
 @pytest.mark.slow

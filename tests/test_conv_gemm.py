@@ -95,14 +95,55 @@ def test_batch_and_asymmetric_padding():
     _check(model, AVX2)
 
 
-def test_grouped_and_symbolic_convs_keep_the_direct_conv():
+def _symbolic(model, *axes):
+    """``model`` with its input's ``axes`` symbolic."""
+    for axis in axes:
+        model.graph.input[0].type.tensor_type.shape.dim[axis].dim_param = f"d{axis}"
+    return model
+
+
+def _check_sizes(model, target, shapes):
+    """One build of ``model`` run at each input shape, against ONNX Runtime."""
+    executable = compile_model(import_onnx(model), target)
+    for shape in shapes:
+        x = np.random.default_rng(len(shapes)).standard_normal(shape).astype("float32")
+        compare(run(executable, [x]), onnx_reference(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_convs_keep_the_direct_conv():
     grouped = conv_model(8, 8, 10, 3, 1, 1, groups=8)
     assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(grouped), AVX2))
     _check(grouped, AVX2)
-    symbolic = conv_model(8, 16, 10, 3, 1, 1)
-    symbolic.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    symbolic = _symbolic(conv_model(8, 8, 10, 3, 2, 1, groups=4), 0)
     assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(symbolic), AVX2))
-    _check(symbolic, AVX2, batch=2)
+    _check_sizes(symbolic, AVX2, [(1, 8, 10, 10), (3, 8, 10, 10)])
+
+
+# a symbolic batch: one image's plan, the GEMM once per image (its columns and panels those of
+# one image), the weight as packed at compile time; positions as rows take the images as rows
+SYMBOLIC_BATCH = ["1x1", "1x1-stride2", "3x3-stride2-odd", "7x7-stride2-3ch", "odd-7x7-map",
+                  "multi-k-block", "positions-as-rows-1x1-odd", "padded-flat-5x5-batch",
+                  "padded-flat-dilated"]
+
+
+@pytest.mark.parametrize("target", [TARGET, AVX2], ids=["llvm", "avx2"])
+@pytest.mark.parametrize("name", SYMBOLIC_BATCH)
+def test_symbolic_batch_conv_as_packed_gemm(name, target):
+    c_in, _, size, *_ = CASES[name]
+    model = _symbolic(conv_model(*CASES[name][:8]), 0)
+    notes = _schedule_notes(fuse(import_onnx(model), target))
+    assert "packed GEMM" in notes, notes
+    if not name.startswith("positions-as-rows"):
+        assert "one GEMM per image" in notes and "B packed per block" in notes, notes
+    _check_sizes(model, target, [(1, c_in, size, size), (3, c_in, size, size)])
+
+
+def test_symbolic_map_keeps_the_direct_conv():
+    """A symbolic height or width changes the plan (rows, panels) with the size: the direct
+    conv's schedule, which takes symbolic maps, runs it."""
+    model = _symbolic(conv_model(5, 12, 9, 3, 2, 1), 0, 2, 3)
+    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(model), AVX2))
+    _check_sizes(model, AVX2, [(1, 5, 9, 9), (2, 5, 13, 6)])
 
 
 @pytest.mark.parametrize("layout", ["NCHWc", "NCHW"])

@@ -198,6 +198,25 @@ def test_constant_of_shape_of_an_empty_shape_is_a_scalar():
         from_onnx(model, repairs=_without("constant_of_shape"))
 
 
+def test_gather_at_constant_indices_is_a_take_at_constants():
+    """``q, k, v = qkv[0], qkv[1], qkv[-1]`` of a tensor with a symbolic dimension elsewhere:
+    takes at constant indices (the negative one made positive from the static extent), no
+    shape read at run time; TVM's Gather computes each index from ``shape_of(qkv)``."""
+    model = _model([
+        helper.make_node("Gather", ["x", "i0"], ["q"], axis=0),
+        helper.make_node("Gather", ["x", "i1"], ["k"], axis=0),
+        helper.make_node("Gather", ["x", "last"], ["v"], axis=0),
+        helper.make_node("Mul", ["q", "k"], ["qk"]),
+        helper.make_node("Add", ["qk", "v"], ["y"]),
+    ], [_input(3, "seq", 4)], 2, [_ints("i0", 0), _ints("i1", 1), _ints("last", -1)])
+    report = ImportReport()
+    mod = from_onnx(model, report=report)
+    assert report.repairs["gather_constant_indices"] == 3
+    assert "shape_of" not in mod.script() and not _opaque_or_fresh(mod)
+    _check_runs(model, mod, fused=True)
+    assert "shape_of" in from_onnx(model, repairs=_without("gather_constant_indices")).script()
+
+
 # --------------------------------------------------------------------------------------------
 # data-dependent shapes, errors
 # --------------------------------------------------------------------------------------------

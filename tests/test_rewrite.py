@@ -947,3 +947,89 @@ def test_table4_row2_from_onnx_keeps_the_nan_of_a_negative_b(form):
     (ref,) = onnx_reference(model, feeds)
     assert np.isnan(ref).any()
     np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-6, equal_nan=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Symbolic extents (a sequence length): rules that only compare and copy extents take them
+# ---------------------------------------------------------------------------------------------
+SEQ = tvm.tirx.Var("seq", "int64")
+
+
+def _run_at(mod: tvm.IRModule, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    return run_module(mod, inputs)
+
+
+def test_matmul_concat_over_symbolic_rows():
+    """Q, K and V of a symbolic-sequence encoder (``x[1, seq, 8]`` times constant weights, plus
+    biases) become one GEMM and a split, as with a static sequence; one build runs at two
+    lengths with the original's values."""
+    rng = np.random.default_rng(11)
+
+    def build(e, x):
+        return [e(op.add(e(op.matmul(x[0], const(rng.standard_normal((8, n))))),
+                         const(rng.standard_normal(n)))) for n in (4, 4, 6)]
+
+    mod = build_module([Case("qkv", [((1, SEQ, 8), F32, "normal")], build, set())])
+    rewritten, stats = rewrite(mod)
+    assert stats.fired["matmul_concat_shared_input"] == 1, dict(stats.fired)
+    assert stats.symbolic_skipped == 0
+    for seq in (1, 7):
+        x = np.random.default_rng(seq).standard_normal((1, seq, 8)).astype(F32)
+        for ref, out in zip(_run_at(mod, [x]), _run_at(rewritten, [x]), strict=True):
+            np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_symbolic_extent_refuses_arithmetic():
+    """A rule that would compute with a symbolic extent (a reshape's element count, a split
+    of the symbolic axis) leaves the operator alone instead of failing."""
+    from tvm_fusion.relay_passes.rewrite.ir import Refuse, SymDim, broadcast
+
+    seq = SymDim(SEQ)
+    assert seq == SymDim(SEQ) and seq != 128 and hash(seq) == hash(SymDim(SEQ))
+    assert broadcast((seq, 4), (1, 4)) == (seq, 4)
+    for bad in (lambda: seq * 4, lambda: 4 + seq, lambda: seq > 1, lambda: int(seq),
+                lambda: broadcast((seq, 4), (3, 4))):
+        with pytest.raises(Refuse):
+            bad()
+
+    def build(e, x):
+        flat = e(op.reshape(x[0], [SEQ * 8]))
+        back = e(op.reshape(flat, [SEQ, 8]))
+        halves = e(op.split(e(op.multiply(back, const(2.0))), 2, axis=0))
+        return [e(op.multiply(e(op.multiply(back, const(3.0))), const(0.5))),
+                e(relax.TupleGetItem(halves, 0))]
+
+    mod = build_module([Case("shapes", [((SEQ, 8), F32, "normal")], build, set())])
+    rewritten, stats = rewrite(mod)
+    assert stats.rewrites >= 1  # (x·3)·0.5 folds its constants
+    x = np.random.default_rng(2).standard_normal((6, 8)).astype(F32)
+    for ref, out in zip(_run_at(mod, [x]), _run_at(rewritten, [x]), strict=True):
+        np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+
+
+def _without_symbolic_rows(steps):
+    """The random graph's constants with one row (M rows would not broadcast with ``seq``)."""
+    return [{**s, "shape": tuple(1 if d == M else d for d in s["shape"])} for s in steps]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_graphs())
+def test_random_graphs_over_symbolic_rows_keep_their_values(steps):
+    """The random graphs of the test above with ``seq`` rows: the rewritten block computes the
+    same at 1 and 5 rows (1: a symbolic extent may be 1 at run time) and is a fixed point."""
+    shapes = [(SEQ, N), (1, N), (SEQ, 1)]
+    case = Case("random", [(s, F32, "normal") for s in shapes],
+                _build_random(_without_symbolic_rows(steps)), set())
+    mod = build_module([case])
+    rewritten, stats = rewrite(mod)
+    assert stats.flops_after <= stats.flops_before
+    for rows in (1, 5):
+        rng = np.random.default_rng(rows + len(steps))
+        inputs = [rng.standard_normal([rows if isinstance(d, tvm.tirx.Var) else d
+                                       for d in s]).astype(F32) for s in shapes]
+        before, after = _interpret(mod, inputs), _interpret(rewritten, inputs)
+        for ref, out in zip(before, after, strict=True):
+            if np.all(np.isfinite(ref)) and np.abs(ref).max() < 1e30:
+                np.testing.assert_allclose(out, ref, rtol=1e-5,
+                                           atol=1e-5 * (1 + np.abs(ref).max()))
+    assert rewrite(rewritten)[1].rewrites == 0

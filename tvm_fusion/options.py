@@ -220,7 +220,8 @@ class SmartMem(_Group):
     conv_layout: str = _opt(
         "choice", "auto", choices=CONV_LAYOUTS,
         doc="How dense convs run on `llvm` targets. `auto`: a conv with a constant weight and "
-            "static shapes runs as the packed GEMM (im2col panels, "
+            "static channels and map (the batch may be symbolic) runs as the packed "
+            "GEMM (im2col panels, "
             "tvm_fusion/layout/gemm_pack.py; with `pack_weights`, every strategy but Apollo's, "
             "which plans the graph as imported), the others "
             "are packed to `NCHW{lanes}c` (DNNFusion §6; TVM's `ConvertLayout`, TOPI "

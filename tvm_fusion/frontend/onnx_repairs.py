@@ -181,6 +181,43 @@ def range_(ctx, node, attr, inputs, values):
 
 
 # --------------------------------------------------------------------------------------------
+# Gather at constant indices
+# --------------------------------------------------------------------------------------------
+
+
+@_converter("Gather", "gather_constant_indices")
+def gather_constant_indices(ctx, node, attr, inputs, values):
+    """A tensor gathered at constant indices: a take at those indices, negative ones made
+    positive here from the axis's extent.
+
+    TVM's Gather normalises negative indices at run time whatever they are
+    (``where(i < 0, i + shape_to_tensor(shape_of(data))[axis], i)``), which only folds when
+    the data's whole shape is static: with a symbolic dimension elsewhere (ViT's batch in
+    ``nn.MultiheadAttention``'s ``q, k, v = qkv[0], qkv[1], qkv[2]``) every constant index
+    became a tensor computed per run (three shape_to_tensor kernels a layer) and the take a
+    gather at a run-time index, which no layout or fusion pass sees through."""
+    data = inputs[0]
+    index = values[1] if len(values) > 1 else None
+    if values[0] is not None or index is None or not is_concrete(index):
+        return None  # a value's own gather (shape_values), or indices known only at run time
+    dims = _dims(ctx, data)
+    if dims is None:
+        return None
+    axis = attr.get("axis", 0) % len(dims)
+    # the importer hands int64 values over as a PrimValue or ShapeExpr, others as tensors
+    dtype = str(getattr(inputs[1].ty, "dtype", "int64"))
+    if dtype not in ("int32", "int64"):
+        return None
+    indices = np.array(index.tolist(), dtype=dtype)
+    if (indices < 0).any():
+        extent = dims[axis]
+        if not isinstance(extent, (int, tirx.IntImm)):
+            return None  # x[-1] of a symbolic axis: TVM's run-time normalisation stays
+        indices = np.where(indices < 0, indices + int(extent), indices)
+    return relax.op.take(data, relax.const(indices, dtype), axis)
+
+
+# --------------------------------------------------------------------------------------------
 # DequantizeLinear with blocks
 # --------------------------------------------------------------------------------------------
 

@@ -25,11 +25,11 @@ Those are packed by a first run (``quantized_only``) before the rewriting's ``Fo
 epilogues fuse into it as into a matmul; ``ScheduleFusedBlocks`` recognises its read of ``Bp``
 and emits the packed GEMM nest (``tir_schedules/cpu_gemm.py``).
 
-A dense NCHW convolution with a constant weight and static shapes (``relax.nn.conv2d``,
-groups 1, float32) is the same GEMM, as MLAS computes it (im2col + SGEMM): the weight
-``W[N, C·kh·kw]`` is the A operand (rows: output channels, contiguous in k), and the im2col
-matrix of the input, packed per call straight into NR-column panels, is B (columns: the
-output positions of every image)::
+A dense NCHW convolution with a constant weight and static channels and map
+(``relax.nn.conv2d``, groups 1, float32) is the same GEMM, as MLAS computes it (im2col +
+SGEMM): the weight ``W[N, C·kh·kw]`` is the A operand (rows: output channels, contiguous in
+k), and the im2col matrix of the input, packed per call straight into NR-column panels, is B
+(columns: the output positions of every image)::
 
     Bp[p // NR, k, p % NR] = x_pad[b(p), c(k), oh(p)·sh + r(k)·dh, ow(p)·sw + s(k)·dw]
     C[co, p] = Σ_k W[co, k] · Bp[p // NR, k, p % NR]          # matmul_packed
@@ -39,8 +39,11 @@ so each output row is stored contiguously, partial sums included, and the micro-
 GEMM speed whatever the kernel size, stride, dilation or channel count; the packing is one pass
 over K × positions floats (the input itself for a 1×1 conv). A stride-1 conv may take the
 positions of the zero-padded input instead (``ConvGemm.padded_flat``: a row costs its padded
-width, and a panel reads consecutive floats across rows). A symbolic dimension keeps the
-direct conv (its schedule handles symbolic maps).
+width, and a panel reads consecutive floats across rows). A symbolic batch takes one image's
+plan: every stage gets a leading batch axis, ``C[b, co, p]`` is one GEMM per image over its
+own panels (the schedule loops over the images around the per-image nest), and the weight is
+the same constant; with the positions as rows the images are more rows. A symbolic channel
+count, height or width keeps the direct conv (its schedule handles symbolic maps).
 """
 
 from __future__ import annotations
@@ -201,19 +204,40 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
 
 def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
     """NCHW ``conv2d(x, W)`` as the packed GEMM (module docstring): ``w`` is ``W[N, C·kh·kw]``
-    (the A operand); ``x``'s shape must be static."""
-    if plan.positions_as_rows:
+    (the A operand). ``x``'s channels and map must be static; a symbolic batch runs ``plan``
+    (one image's) once per image: every stage gets a leading batch axis, the GEMM is
+    ``C[b, co, p]`` over one image's columns, and its schedule loops over the images
+    around the per-image nest (``tir_schedules/cpu_gemm.py``)."""
+    if plan.positions_as_rows:  # the batch is a row dimension of this form
         return _conv2d_gemm_by_positions(x, w, plan)
-    batch, channels, height, width = (int(d) for d in x.shape)
+    batch = x.shape[0]
+    per_image = not isinstance(batch, tirx.IntImm)
+    images = 1 if per_image else int(batch)
+    channels, height, width = (int(d) for d in x.shape[1:])
     out_channels = int(w.shape[0])
     (kh, kw), (sh, sw), (dh, dw) = plan.kernel, plan.strides, plan.dilation
     top, left, bottom, right = plan.padding
     nr, row, out_h, out_w = plan.nr, plan.row, plan.out_h, plan.out_w
-    columns = plan.columns(batch)
+    columns = plan.columns(images)
     k_total = channels * kh * kw
 
     def c(v):
         return tirx.const(v, "int64")
+
+    def stage(shape, value, name):
+        """``value(img, *index)`` over ``shape``, with a leading batch axis (``img`` its
+        index) when the batch is symbolic, else once (``img`` None)."""
+        if per_image:
+            return te.compute((batch, *shape), value, name=name)
+        return te.compute(shape, lambda *index: value(None, *index), name=name)
+
+    def lead(img) -> tuple:
+        return () if img is None else (img,)
+
+    def image(img, b):
+        """The image a column reads: ``b``, from its index, or (per image, where that is 0
+        or masked) ``img``."""
+        return b if img is None else img
 
     def window(k):
         return (tirx.floordiv(k, c(kh * kw)), tirx.floormod(tirx.floordiv(k, c(kw)), c(kh)),
@@ -223,30 +247,30 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
         # the padded input channel-major, [C, B·Hp·Wp + reach] as rows of Wp: column t reads
         # src[c, t + r·dh·Wp + s·dw], consecutive floats across rows and images; written
         # row by row (a division per row, not per element)
-        image = plan.image
+        image_size = plan.image
         length = -(-columns // nr) * nr + (kh - 1) * dh * row + (kw - 1) * dw
-        padded_h = image // row
+        padded_h = image_size // row
 
-        def padded_rows(ci, h, w):
+        def padded_rows(img, ci, h, w):
             b, ih = tirx.floordiv(h, c(padded_h)), tirx.floormod(h, c(padded_h)) - c(top)
             iw = w - c(left)
-            inside = [b < c(batch), ih >= c(0), ih < c(height), iw >= c(0), iw < c(width)]
-            return tirx.if_then_else(tirx.all(*inside), x[b, ci, ih, iw],
+            inside = [b < c(images), ih >= c(0), ih < c(height), iw >= c(0), iw < c(width)]
+            return tirx.if_then_else(tirx.all(*inside), x[image(img, b), ci, ih, iw],
                                      tirx.const(0, x.dtype))
-        src = te.compute((c(channels), c(-(-length // row)), c(row)), padded_rows,
-                         name="conv2d_pad")
+        src = stage((c(channels), c(-(-length // row)), c(row)), padded_rows, "conv2d_pad")
 
-        def pack(pj, k, lane):
+        def pack(img, pj, k, lane):
             ci, r, s = window(k)
             t = pj * c(nr) + lane + r * c(dh * row) + s * c(dw)
-            return src[ci, tirx.floordiv(t, c(row)), tirx.floormod(t, c(row))]
+            return src[(*lead(img), ci, tirx.floordiv(t, c(row)), tirx.floormod(t, c(row)))]
     elif plan.flat:
         positions = out_h * out_w
 
-        def pack(pj, k, lane):
+        def pack(img, pj, k, lane):
             j = pj * c(nr) + lane
             b, pos = tirx.floordiv(j, c(positions)), tirx.floormod(j, c(positions))
-            load = x[b, k, tirx.floordiv(pos, c(width)), tirx.floormod(pos, c(width))]
+            load = x[image(img, b), k, tirx.floordiv(pos, c(width)),
+                     tirx.floormod(pos, c(width))]
             if columns % nr == 0:
                 return load
             return tirx.if_then_else(j < c(columns), load, tirx.const(0, x.dtype))
@@ -258,6 +282,7 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
         # (iw % sw, iw // sw), so that a panel reads consecutive columns of one phase
         # instead of gathering every sw-th element
         phase_w = -(-pad_w // sw)
+        batch_dim = batch if per_image else c(images)
 
         def padded(b, ci, ih, iw):
             inside = [ih >= c(top), ih < c(height + top), iw >= c(left), iw < c(width + left)]
@@ -267,16 +292,17 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
         src = x
         if sw > 1:
             src = te.compute(
-                (c(batch), c(channels), c(height + top + bottom), c(sw), c(phase_w)),
+                (batch_dim, c(channels), c(height + top + bottom), c(sw), c(phase_w)),
                 lambda b, ci, ih, ph, q: padded(b, ci, ih, q * c(sw) + ph), name="conv2d_pad")
         elif any(plan.padding) or pad_w > width:
-            src = te.compute((c(batch), c(channels), c(height + top + bottom), c(pad_w)),
+            src = te.compute((batch_dim, c(channels), c(height + top + bottom), c(pad_w)),
                              padded, name="conv2d_pad")
         blocks = row // nr
 
-        def pack(pj, k, lane):
+        def pack(img, pj, k, lane):
             image_row, block = tirx.floordiv(pj, c(blocks)), tirx.floormod(pj, c(blocks))
             b, oh = tirx.floordiv(image_row, c(out_h)), tirx.floormod(image_row, c(out_h))
+            b = image(img, b)
             ci, r, s = window(k)
             ih = oh * c(sh) + r * c(dh)
             if sw > 1:  # column (block·NR + lane)·sw + s·dw: phase s·dw % sw
@@ -285,14 +311,18 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
                            block * c(nr) + lane + tirx.floordiv(offset, c(sw))]
             return src[b, ci, ih, (block * c(nr) + lane) + s * c(dw)]
 
-    panels = te.compute((c(-(-columns // nr)), c(k_total), c(nr)), pack, name="conv2d_im2col")
+    panels = stage((c(-(-columns // nr)), c(k_total), c(nr)), pack, "conv2d_im2col")
     k = te.reduce_axis((0, c(k_total)), name="k")
-    gemm = te.compute(
+    gemm = stage(
         (c(out_channels), c(columns)),
-        lambda co, j: te.sum(w[co, k] * panels[tirx.floordiv(j, c(nr)), k,
-                                               tirx.floormod(j, c(nr))], axis=k),
-        name=PACKED_GEMM)
-    return te.compute((c(batch), c(out_channels), c(out_h), c(out_w)),
+        lambda img, co, j: te.sum(w[co, k] * panels[(*lead(img), tirx.floordiv(j, c(nr)), k,
+                                                     tirx.floormod(j, c(nr)))], axis=k),
+        PACKED_GEMM)
+    if per_image:
+        return te.compute((batch, c(out_channels), c(out_h), c(out_w)),
+                          lambda b, co, oh, ow: gemm[b, co, oh * c(row) + ow],
+                          name="conv2d_nchw_store")
+    return te.compute((c(images), c(out_channels), c(out_h), c(out_w)),
                       lambda b, co, oh, ow: gemm[co, b * c(plan.image) + oh * c(row) + ow],
                       name="conv2d_nchw_store")
 
@@ -301,7 +331,8 @@ def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm) -> te
     """The conv with the output positions as rows: ``C[b, oh, ow, co] = Σ_k A · Bp`` where A
     reads the input through the window (copied once, row-major, by the GEMM nest) and ``bp``
     is ``W[N, K]`` packed as a transposed weight; the NCHW store is folded into the write-back."""
-    batch, _, height, width = (int(d) for d in x.shape)
+    batch = x.shape[0]  # may be symbolic: the images are more rows
+    height, width = (int(d) for d in x.shape[2:])
     (kh, kw), (sh, sw), (dh, dw) = plan.kernel, plan.strides, plan.dilation
     top, left, _, _ = plan.padding
     nr = int(bp.shape[2])
@@ -323,7 +354,7 @@ def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm) -> te
             inside = [ih >= c(top), ih < c(height + top), iw >= c(left), iw < c(width + left)]
             return tirx.if_then_else(tirx.all(*inside), x[b, ci, ih - c(top), iw - c(left)],
                                      tirx.const(0, x.dtype))
-        src = te.compute((c(batch), x.shape[1], c(height + top + bottom),
+        src = te.compute((batch, x.shape[1], c(height + top + bottom),
                           c(width + left + right)), padded, name="conv2d_pad")
 
     def value(b, oh, ow, j):
@@ -333,8 +364,8 @@ def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm) -> te
         load = src[b, ci, oh * c(sh) + r * c(dh), ow * c(sw) + s * c(dw)]
         return te.sum(load * bp[tirx.floordiv(j, c(nr)), k, tirx.floormod(j, c(nr))], axis=k)
 
-    gemm = te.compute((c(batch), c(plan.out_h), c(plan.out_w), c(n)), value, name=PACKED_GEMM)
-    return te.compute((c(batch), c(n), c(plan.out_h), c(plan.out_w)),
+    gemm = te.compute((batch, c(plan.out_h), c(plan.out_w), c(n)), value, name=PACKED_GEMM)
+    return te.compute((batch, c(n), c(plan.out_h), c(plan.out_w)),
                       lambda b, j, oh, ow: gemm[b, oh, ow, j], name="conv2d_nchw_store")
 
 
@@ -407,9 +438,10 @@ class _Packer(relax.PyExprMutator):
                 or str(weight.ty.dtype) != "float32"):
             return call
         shape = getattr(x.ty, "shape", None)
+        shape = None if shape is None else list(shape)
         if shape is None or len(shape) != 4 or not all(isinstance(d, tirx.IntImm)
-                                                      for d in shape):
-            return call  # a symbolic dim: the direct conv's schedule takes it
+                                                      for d in shape[1:]):
+            return call  # a symbolic channel or map: the direct conv's schedule takes it
         w_np = weight.value.numpy()
         n, channels, kh, kw = w_np.shape
         if channels != int(shape[1]) or 0 in w_np.shape:
@@ -417,7 +449,9 @@ class _Packer(relax.PyExprMutator):
         padding = [int(p) for p in attrs.padding]
         if len(padding) == 2:
             padding = padding * 2
-        plan = plan_conv_gemm([int(d) for d in shape], (kh, kw),
+        # a symbolic batch: the plan of one image, repeated per image (conv2d_gemm)
+        batch = int(shape[0]) if isinstance(shape[0], tirx.IntImm) else 1
+        plan = plan_conv_gemm([batch, *(int(d) for d in shape[1:])], (kh, kw),
                               tuple(int(s) for s in attrs.strides), tuple(padding),
                               tuple(int(d) for d in attrs.dilation), self.params, n)
         if plan is None:

@@ -5,6 +5,12 @@ A *packed GEMM* block is what ``layout/gemm_pack.py`` legalises a constant-weigh
 
     C[s..., j] += X(s..., k) · Bp[j // NR, k, j % NR]       # Bp a parameter [⌈N/NR⌉, K, NR]
 
+or a conv over a symbolic batch to, with B computed per image (its im2col panels)::
+
+    C[b, s..., j] += X(s..., k) · Bp[b, j // NR, k, j % NR]   # one GEMM per image b
+
+whose nest is the per-image GEMM's inside a loop over the images.
+
 Two steps, around the rules of :mod:`.cpu` that schedule the other stages of the function:
 
 1. :func:`prepare_packed_gemms`, on the live schedule after inlining: the anchor gets a
@@ -64,12 +70,18 @@ class PackedGemm:
     zp: tvm.ir.Var | None = None
     scale: tvm.ir.Var | None = None
     block: int = 0
+    # row iterators that also index B (``Bp[b, ...]``: a conv's panels per image), outer
+    # first: each value is its own GEMM, the nest runs once per value
+    images: list = None
+
+    def __post_init__(self):
+        self.images = self.images or []
 
     def load_b(self, panel, k, col) -> tvm.ir.Expr:
         """B at k, column ``col`` of ``panel``: an integer weight widened to float32 in
         registers, less its zero point, times its block's scale (a weight-only quantized
         GEMM; a per-column scale is the epilogue's)."""
-        value = tirx.BufferLoad(self.bp, [panel, k, col])
+        value = tirx.BufferLoad(self.bp, [*self.images, panel, k, col])
         if str(self.bp.ty.dtype) == "float32":
             return value
         kb = tirx.floordiv(k, tirx.const(self.block or 1, "int64"))
@@ -111,20 +123,34 @@ def match_packed_gemm(block: SBlock) -> PackedGemm | None:
     if not isinstance(product, tirx.Mul):
         return None
     j, k = spatial[-1].var, reduce[0].var
+    rows = [iv.var for iv in spatial[:-1]]
     for x, b in ((product.a, product.b), (product.b, product.a)):
         bp, zp, scale, kb_size = _widened(b, j, k)
         nr = _packed_read(bp, j, k)
         if nr is not None and not _reads(x, bp.source) and not _reads(x, store.buffer):
+            images = _images(bp, rows)
+            if images is None or (images and (zp is not None or scale is not None)):
+                return None
             extents = {iv.var.name: iv.dom.extent for iv in block.iter_vars}
             n, kk = const_int(extents[j.name]), const_int(extents[k.name])
-            shape = [const_int(d) for d in bp.source.shape]
+            shape = [const_int(d) for d in bp.source.shape[len(images):]]
             if n is None or kk is None or shape != [-(-n // nr), kk, nr]:
                 return None
             if kb_size and const_int(scale.shape[1]) != -(-kk // kb_size):
                 return None
-            return PackedGemm([iv.var for iv in spatial[:-1]], j, k, extents, x, bp.source,
-                              store.buffer, nr, zp, scale, kb_size)
+            return PackedGemm(rows, j, k, extents, x, bp.source, store.buffer, nr, zp, scale,
+                              kb_size, images)
     return None
+
+
+def _images(load, rows: list) -> list | None:
+    """The row iterators ahead of B's panel index (``Bp[b, j // NR, k, j % NR]``: one B per
+    image), [] for none, or None when those indices are not distinct row iterators."""
+    lead = list(load.indices[:-3])
+    found = [next((v for v in rows if _is_var(ix, v)), None) for ix in lead]
+    if None in found or len({v.name for v in found}) != len(found):
+        return None
+    return found
 
 
 def _widened(expr, j, k) -> tuple:
@@ -182,14 +208,14 @@ def _is_load_of(expr, buffer, indices) -> bool:
 
 
 def _packed_read(expr, j, k) -> int | None:
-    """NR when ``expr`` is ``Bp[j // NR, k, j % NR]``."""
-    if not isinstance(expr, TensorLoad) or len(expr.indices) != 3:
+    """NR when ``expr`` is ``Bp[..., j // NR, k, j % NR]`` (leading indices: :func:`_images`)."""
+    if not isinstance(expr, TensorLoad) or len(expr.indices) < 3:
         return None
-    panel, kk, lane = expr.indices
+    panel, kk, lane = expr.indices[-3:]
     if not (isinstance(panel, tirx.FloorDiv) and isinstance(lane, tirx.FloorMod)):
         return None
     nr = const_int(panel.b)
-    if nr is None or const_int(lane.b) != nr or const_int(expr.source.shape[2]) != nr:
+    if nr is None or const_int(lane.b) != nr or const_int(expr.source.shape[-1]) != nr:
         return None
     if not (_is_var(panel.a, j) and _is_var(lane.a, j) and _is_var(kk, k)):
         return None
@@ -337,7 +363,7 @@ def _packing_stage(match: PackedGemm | None, stmts: list) -> SBlock | None:
     if found is None or not isinstance(found.body, tirx.BufferStore) or found.init is not None:
         return None
     names = [getattr(ix, "name", None) for ix in found.body.indices]
-    if names != [iv.var.name for iv in found.iter_vars] or len(names) != 3:
+    if names != [iv.var.name for iv in found.iter_vars] or len(names) != 3 + len(match.images):
         return None
     return found
 
@@ -354,7 +380,16 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         raise ValueError(f"{gemm.name_hint}: no longer a packed GEMM after scheduling")
     n = const_int(match.extents[match.j.name])
     k = const_int(match.extents[match.k.name])
-    row_extents = [match.extents[v.name] for v in match.rows]
+    # one B per image: the nest below is one image's, with the images' iterators (of the
+    # anchor, the write-back and the packing stage, at the same positions) bound to a loop
+    image_at = [i for i, v in enumerate(match.rows) if any(v.same_as(b) for b in match.images)]
+    loops = [tirx.Var(f"image{i}", "int64") for i in range(len(image_at))]
+    wb_ivs = [iv.var for iv in wb.iter_vars[:-1]]
+    per_image = [*zip(match.images, loops), *((wb_ivs[i], v) for i, v in zip(image_at, loops))]
+    if packer is not None:
+        per_image += list(zip([iv.var for iv in packer.iter_vars[:len(loops)]], loops))
+    row_vars = [v for i, v in enumerate(match.rows) if i not in image_at]
+    row_extents = [match.extents[v.name] for v in row_vars]
     rows = _product(row_extents)
 
     def unravel(m) -> list:
@@ -375,7 +410,8 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         return {var.__chandle__(): value for var, value in pairs}
 
     def load_x(m, kk):
-        return _substitute(match.x, bind([*zip(match.rows, unravel(m)), (match.k, kk)]))
+        return _substitute(match.x, bind([*zip(row_vars, unravel(m)), (match.k, kk),
+                                          *per_image]))
 
     load_a, prologue = load_x, []
     if not _contiguous_in_k(match.x, match.k):
@@ -404,11 +440,11 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
             return tirx.BufferLoad(copy, [m, kk])
 
     store = wb.body
-    wb_rows = [iv.var for iv in wb.iter_vars[:-1]]
+    wb_rows = [v for i, v in enumerate(wb_ivs) if i not in image_at]
     wb_j = wb.iter_vars[-1].var
 
     def at(m, jj) -> dict:
-        return bind([*zip(wb_rows, unravel(m)), (wb_j, jj)])
+        return bind([*zip(wb_rows, unravel(m)), (wb_j, jj), *per_image])
 
     def final(m, jj, acc):
         mapping = at(m, jj)
@@ -433,10 +469,18 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         ivs = [iv.var for iv in packer.iter_vars]
 
         def pack_b(panel, kk, lane):
-            return _substitute(store_p.value, bind(zip(ivs, (panel, kk, lane))))
+            return _substitute(store_p.value, bind([*zip(ivs[len(loops):], (panel, kk, lane)),
+                                                    *per_image]))
+
+    def load_b(panel, kk, col):
+        return _substitute(match.load_b(panel, kk, col), bind(per_image))
     spec = Gemm(const_int(rows) if const_int(rows) is not None else rows, n, k, load_a,
-                match.load_b, partial_at, final, widened=b_bytes != 4, pack_b=pack_b)
+                load_b if loops else match.load_b, partial_at, final, widened=b_bytes != 4,
+                pack_b=pack_b)
     nest = emit_gemm(spec, blocking, params.cores)
+    nest = tirx.SeqStmt([*prologue, nest]) if prologue else nest
+    for i, var in reversed(list(zip(image_at, loops))):  # the images, outermost first
+        nest = tirx.For(var, _I0, match.extents[match.rows[i].name], tirx.ForKind.SERIAL, nest)
     widened = "" if b_bytes == 4 else (
         f"; {match.bp.ty.dtype} weights widened in registers (converted once per B block "
         f"beyond {STREAM_ROW_TILES * mr} rows)")
@@ -444,9 +488,10 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         widened += f", scaled per block of {match.block} k"
     threads = parallel_plan(n, blocking, params.cores, spec.rows)[0]
     note = (f"{blocking.describe()}{widened}; {threads}"
+            + ("; one GEMM per image, in a loop over the batch" if loops else "")
             + ("; A copied row-major first" if prologue else "")
             + (f"; B packed per block from {packer.name_hint!r}" if packer is not None else ""))
-    return tirx.SeqStmt([*prologue, nest]) if prologue else nest, note
+    return nest, note
 
 
 def _contiguous_in_k(x, k) -> bool:

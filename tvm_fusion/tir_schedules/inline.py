@@ -113,15 +113,16 @@ def _read_across_output_axis(cf: BlockFacts | None, buffer: str) -> bool:
 
 
 def _read_as_panels(cf: BlockFacts | None, buffer: str) -> bool:
-    """A reduction reads ``buffer`` as packed GEMM panels, ``Bp[j // NR, k, j % NR]``
-    (``layout/gemm_pack.py``): inlined, the packed GEMM kernel would not recognise it."""
+    """A reduction reads ``buffer`` as packed GEMM panels, ``Bp[j // NR, k, j % NR]`` (or
+    ``Bp[b, j // NR, k, j % NR]``, per image: ``layout/gemm_pack.py``): inlined, the packed
+    GEMM kernel would not recognise it."""
     if cf is None or not cf.is_reduction or not cf.spatial or len(cf.reduce) != 1:
         return False
     j, k = cf.spatial[-1], cf.reduce[0]
     for read in cf.reads_of(buffer):
-        if len(read.indices) != 3:
+        if len(read.indices) < 3:
             continue
-        panel, kk, lane = read.indices
+        panel, kk, lane = read.indices[-3:]
         if (isinstance(panel, tirx.FloorDiv) and isinstance(lane, tirx.FloorMod)
                 and panel.a.same_as(j) and lane.a.same_as(j) and kk.same_as(k)):
             return True

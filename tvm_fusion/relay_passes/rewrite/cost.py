@@ -30,7 +30,7 @@ import tvm
 from tvm import relax
 
 from ...symbolic import concrete_shape
-from .ir import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, REDUCTIONS, Node
+from .ir import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, REDUCTIONS, Node, SymDim
 
 Cost = tuple[int, int, int]
 ZERO: Cost = (0, 0, 0)
@@ -69,7 +69,8 @@ def node_cost(node: Node) -> Cost:
         extra = node.size if op == "mean" else 0
         return (node.args[0].size + extra, loads, 1)
     if op == "matmul":
-        return (2 * node.size * node.args[0].shape[-1], loads, 1)
+        k = node.args[0].shape[-1]
+        return (2 * node.size * (k.rep if isinstance(k, SymDim) else k), loads, 1)
     raise ValueError(f"no cost for modelled op {op}")
 
 

@@ -14,7 +14,15 @@ from collections.abc import Callable
 from tvm import relax
 
 from ...onnx_names import bind_like, joined_span, node_names
-from .ir import ELEMENTWISE_BINARY, ELEMENTWISE_UNARY, REDUCTIONS, BlockGraph, Leaf, Node
+from .ir import (
+    ELEMENTWISE_BINARY,
+    ELEMENTWISE_UNARY,
+    REDUCTIONS,
+    BlockGraph,
+    Leaf,
+    Node,
+    SymDim,
+)
 
 
 def relax_call(node: Node, args: list) -> relax.Expr:
@@ -29,7 +37,8 @@ def relax_call(node: Node, args: list) -> relax.Expr:
     if op == "permute_dims":
         return relax.op.permute_dims(args[0], list(attrs["axes"]))
     if op == "reshape":
-        return relax.op.reshape(args[0], attrs["shape"])
+        return relax.op.reshape(args[0], [d.expr if isinstance(d, SymDim) else d
+                                          for d in attrs["shape"]])
     if op == "split":
         return relax.op.split(args[0], list(attrs["indices"]), axis=attrs["axis"])
     if op == "get_item":

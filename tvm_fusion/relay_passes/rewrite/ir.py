@@ -24,8 +24,11 @@ from fractions import Fraction
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.ir.expr import GenericConst
+
+from ...symbolic import extent
 
 ELEMENTWISE_BINARY = ("add", "subtract", "multiply", "divide", "power", "left_shift", "right_shift")
 ELEMENTWISE_UNARY = ("negative", "abs", "sqrt", "rsqrt", "square", "exp", "log")
@@ -55,11 +58,63 @@ def is_int(dtype: str) -> bool:
     return dtype.startswith(("int", "uint"))
 
 
+class SymDim:
+    """A symbolic extent of a lifted shape (``seq``, ``batch``): equal to the same extent only,
+    never to a number, and no arithmetic (a rule that needs any refuses); ``rep`` is its
+    representative size, for costs. Rules whose shape work is comparing and copying extents
+    (a matmul's rows, a bias broadcast over them, a split of the last axis) thus take
+    symbolic shapes; the rest refuse."""
+
+    __slots__ = ("expr", "rep", "_hash")
+
+    def __init__(self, expr):
+        self.expr = expr
+        self.rep = extent(expr)
+        self._hash = hash(str(expr))
+
+    def __eq__(self, other):
+        return isinstance(other, SymDim) and tvm_ffi.structural_equal(self.expr, other.expr)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return self._hash
+
+    def __repr__(self):
+        return str(self.expr)
+
+    def _refuse(self, *_args):
+        raise Refuse(f"arithmetic on the symbolic extent {self.expr}")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _refuse
+    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __neg__ = _refuse
+    __lt__ = __le__ = __gt__ = __ge__ = __int__ = __index__ = __float__ = _refuse
+
+
+def _rep(d) -> int:
+    return d.rep if isinstance(d, SymDim) else d
+
+
 def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    if any(isinstance(d, SymDim) for shape in shapes for d in shape):
+        return _broadcast_symbolic(shapes)
     try:
         return tuple(int(d) for d in np.broadcast_shapes(*shapes))
     except ValueError:
         raise Refuse(f"shapes {shapes} do not broadcast") from None
+
+
+def _broadcast_symbolic(shapes) -> tuple:
+    """Broadcasting with symbolic extents: a symbolic extent meets only itself or 1."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for dims in zip(*(aligned(s, rank) for s in shapes)):
+        sized = {d for d in dims if isinstance(d, SymDim) or d != 1}
+        if len(sized) > 1:
+            raise Refuse(f"shapes {shapes} do not broadcast (symbolic)")
+        out.append(sized.pop() if sized else 1)
+    return tuple(out)
 
 
 def aligned(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
@@ -80,7 +135,13 @@ class Value:
 
     @property
     def size(self) -> int:
-        return math.prod(self.shape) if self.shape is not None else 0
+        """Elements; a symbolic extent at its representative size (for costs)."""
+        if self.shape is None:
+            return 0
+        try:
+            return math.prod(self.shape)
+        except Refuse:  # a symbolic extent (rare): the slow way
+            return math.prod(_rep(d) for d in self.shape)
 
     @property
     def ndim(self) -> int:
@@ -243,18 +304,15 @@ def evaluate(op: str, values: list[np.ndarray], attrs: dict, dtype: str):
 # ---------------------------------------------------------------------------------------------
 # Lifting a dataflow block
 # ---------------------------------------------------------------------------------------------
-def _static_shape(ty) -> tuple[int, ...] | None:
+def _static_shape(ty) -> tuple | None:
+    """The shape of a tensor type: ints, and a :class:`SymDim` per symbolic extent."""
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
     shape = ty.shape
     if not isinstance(shape, relax.ShapeExpr):
         return None
-    dims = []
-    for d in shape.values:
-        if not isinstance(d, tvm.tirx.IntImm):
-            return None
-        dims.append(int(d.value))
-    return tuple(dims)
+    return tuple(int(d.value) if isinstance(d, tvm.tirx.IntImm) else SymDim(d)
+                 for d in shape.values)
 
 
 def _int_list(arr) -> tuple[int, ...]:
@@ -301,7 +359,11 @@ class BlockGraph:
     def _lift(self, block) -> None:
         self._producers: dict = {}
         for pos, binding in enumerate(block.bindings):
-            node = self._lift_binding(binding) if isinstance(binding, relax.VarBinding) else None
+            try:
+                node = (self._lift_binding(binding) if isinstance(binding, relax.VarBinding)
+                        else None)
+            except Refuse:  # shape work on a symbolic extent (a split of a symbolic axis)
+                node = None
             if node is None:
                 self._note_unmodelled(binding)
                 continue
@@ -470,6 +532,8 @@ class Builder:
 
     def fold(self, tag, inputs, shape, dtype, thunk: Callable[[], np.ndarray]) -> Leaf:
         """A constant computed by ``thunk`` from ``inputs``; one Leaf per (tag, inputs)."""
+        if any(isinstance(d, SymDim) for d in shape):
+            raise Refuse("a constant of a symbolic shape")
         memo_key = (tag, tuple(id(v) for v in inputs), tuple(shape), dtype)
         hit = self._memo.get(memo_key)
         if hit is not None:

@@ -250,8 +250,6 @@ def _unsupported_writeback(wb: SBlock, gemm: SBlock) -> str | None:
     store = wb.body
     if not isinstance(store, tirx.BufferStore):
         return "write-back is not one store"
-    if str(store.buffer.ty.dtype) != "float32":
-        return f"the epilogue stores {store.buffer.ty.dtype}"
     acc = gemm.body.buffer
     names = [iv.var.name for iv in wb.iter_vars]
     if len(names) != len(gemm.body.indices):
@@ -416,7 +414,15 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         return tirx.BufferStore(store.buffer, _substitute(value, mapping),
                                 [_substitute(i, mapping) for i in store.indices])
 
+    partial = None
+    if str(store.buffer.ty.dtype) != "float32":
+        # the epilogue narrows (a QuantizeLinear's int8): the running sums of earlier K
+        # blocks need float32 of their own, the output cannot hold them
+        partial = tirx.decl_buffer((rows, n), "float32", "c_partial")
+
     def partial_at(m, jj):
+        if partial is not None:
+            return partial, [m, jj]
         mapping = at(m, jj)
         return store.buffer, [_substitute(i, mapping) for i in store.indices]
 
@@ -446,6 +452,9 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
     note = (f"{blocking.describe()}{widened}; {threads}"
             + ("; A copied row-major first" if prologue else "")
             + (f"; B packed per block from {packer.name_hint!r}" if packer is not None else ""))
+    if partial is not None and any(st.buffer.same_as(partial) for st in buffer_stores(nest)):
+        prologue = [tirx.AllocBuffer(partial), *prologue]
+        note += "; float32 running sums between K blocks"
     return tirx.SeqStmt([*prologue, nest]) if prologue else nest, note
 
 

@@ -21,7 +21,7 @@ from onnx import TensorProto
 
 from .graph import GraphBuilder
 
-__all__ = ["conv_net", "matmul_net", "qdq_conv_net", "qdq_matmul_net"]
+__all__ = ["conv_net", "matmul_net", "qdq_conv_net", "qdq_deep_conv", "qdq_matmul_net"]
 
 #: Expected |activation| bound (inputs N(0, 1), weights scaled by 1/sqrt(fan_in)).
 ACT_RANGE = 4.0
@@ -145,6 +145,20 @@ def qdq_conv_net(per_channel: bool = False, seed: int = 0, act: int = TensorProt
                  int8_output: bool = False) -> onnx.ModelProto:
     """:func:`conv_net` in QDQ form (``act``: INT8 or UINT8 activations)."""
     return _conv_net(True, per_channel, seed, act, int8_output)
+
+
+def qdq_deep_conv(channels: int = 128, out_channels: int = 64, size: int = 7,
+                  per_channel: bool = False, seed: int = 0) -> onnx.ModelProto:
+    """One QDQ 3×3 conv (padded, bias) on x[1, channels, size, size] ending at its
+    QuantizeLinear (an int8 output): with many input channels the reduction (9 · channels)
+    spans several of a CPU GEMM's K blocks, whose running sums the int8 output cannot hold;
+    fewer positions than output channels make the positions the GEMM's rows, so the
+    quantize is the GEMM's epilogue."""
+    b = _Builder("qdq_deep_conv", seed, True, per_channel, TensorProto.INT8)
+    x = b.qdq_pair(b.add_input("x", [1, channels, size, size]))
+    out = b.qdq_pair(_layer(b, "Conv", x, (out_channels, channels, 3, 3), 9 * channels,
+                            pads=[1] * 4))
+    return b.finish(out, (1, out_channels, size, size), True)
 
 
 def qdq_matmul_net(per_channel: bool = False, seed: int = 0, act: int = TensorProto.INT8,

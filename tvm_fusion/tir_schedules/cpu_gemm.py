@@ -276,8 +276,6 @@ def _unsupported_writeback(wb: SBlock, gemm: SBlock) -> str | None:
     store = wb.body
     if not isinstance(store, tirx.BufferStore):
         return "write-back is not one store"
-    if str(store.buffer.ty.dtype) != "float32":
-        return f"the epilogue stores {store.buffer.ty.dtype}"
     acc = gemm.body.buffer
     names = [iv.var.name for iv in wb.iter_vars]
     if len(names) != len(gemm.body.indices):
@@ -452,7 +450,15 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         return tirx.BufferStore(store.buffer, _substitute(value, mapping),
                                 [_substitute(i, mapping) for i in store.indices])
 
+    partial = None
+    if str(store.buffer.ty.dtype) != "float32":
+        # the epilogue narrows (a QuantizeLinear's int8): the running sums of earlier K
+        # blocks need float32 of their own, the output cannot hold them
+        partial = tirx.decl_buffer((rows, n), "float32", "c_partial")
+
     def partial_at(m, jj):
+        if partial is not None:
+            return partial, [m, jj]
         mapping = at(m, jj)
         return store.buffer, [_substitute(i, mapping) for i in store.indices]
 
@@ -478,6 +484,11 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
                 load_b if loops else match.load_b, partial_at, final, widened=b_bytes != 4,
                 pack_b=pack_b)
     nest = emit_gemm(spec, blocking, params.cores)
+    copied = bool(prologue)
+    sums_apart = partial is not None and any(st.buffer.same_as(partial)
+                                             for st in buffer_stores(nest))
+    if sums_apart:
+        prologue = [tirx.AllocBuffer(partial), *prologue]
     nest = tirx.SeqStmt([*prologue, nest]) if prologue else nest
     for i, var in reversed(list(zip(image_at, loops))):  # the images, outermost first
         nest = tirx.For(var, _I0, match.extents[match.rows[i].name], tirx.ForKind.SERIAL, nest)
@@ -489,8 +500,10 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
     threads = parallel_plan(n, blocking, params.cores, spec.rows)[0]
     note = (f"{blocking.describe()}{widened}; {threads}"
             + ("; one GEMM per image, in a loop over the batch" if loops else "")
-            + ("; A copied row-major first" if prologue else "")
+            + ("; A copied row-major first" if copied else "")
             + (f"; B packed per block from {packer.name_hint!r}" if packer is not None else ""))
+    if sums_apart:
+        note += "; float32 running sums between K blocks"
     return nest, note
 
 

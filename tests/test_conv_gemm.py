@@ -221,3 +221,52 @@ def test_im2col_gathers_through_a_table_of_k_offsets(case):
                 tvm.IRModule({"f": f}))][0]
     assert "k_offsets" in func.script(), func.script()
     _check(model, AVX2)
+
+
+def conv1d_model(c_in, c_out, length, k, stride=1, pads=(0, 0), dilation=1, groups=1,
+                 batch=1):
+    """One ONNX Conv on a 3-D (N, C, W) input (+ bias, ReLU): ``relax.nn.conv1d``."""
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((c_out, c_in // groups, k)).astype("float32")
+    bias = rng.standard_normal(c_out).astype("float32")
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=[k], strides=[stride],
+                            pads=list(pads), dilations=[dilation], group=groups)
+    relu = helper.make_node("Relu", ["y"], ["z"])
+    graph = helper.make_graph(
+        [node, relu], "conv1d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c_in, length])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+CONV1D_CASES = {
+    # (c_in, c_out, length, k, stride, pads, dilation, groups, batch)
+    "wav2vec2-first": (1, 16, 97, 10, 5),  # one input channel, kernel 10, stride 5
+    "k3-stride2-odd": (16, 24, 199, 3, 2),  # stride 2: the input written as column phases
+    "k3-pad-asym": (8, 12, 101, 3, 1, (1, 2)),  # stride 1: the padded input's positions
+    "dilated-batch": (8, 12, 101, 3, 1, (2, 2), 2, 1, 2),
+    "k2-stride2-positions-as-rows": (32, 64, 9, 2, 2),  # 4 positions < 64 channels
+    "1x1-odd": (16, 24, 81, 1),  # the input itself, flat
+    "k4-stride3-pad-batch": (6, 10, 50, 4, 3, (1, 0), 1, 1, 3),
+}
+
+
+@pytest.mark.parametrize("target", [TARGET, AVX2], ids=["llvm", "avx2"])
+@pytest.mark.parametrize("name", list(CONV1D_CASES))
+def test_conv1d_as_packed_gemm_matches_onnxruntime(name, target):
+    """A 1-D conv (NCW) is the 2-D conv's GEMM on one row of height 1 (kernel 1 × kw), with
+    an NCW store: the direct conv1d schedule ran wav2vec2's feature extractor 8x slower than
+    ONNX Runtime."""
+    model = conv1d_model(*CONV1D_CASES[name])
+    notes = _schedule_notes(fuse(import_onnx(model), target))
+    assert "packed GEMM" in notes, notes
+    _check(model, target)
+
+
+def test_grouped_conv1d_keeps_the_direct_conv():
+    grouped = conv1d_model(8, 8, 30, 5, 1, (2, 2), groups=4)
+    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(grouped), AVX2))
+    _check(grouped, AVX2)

@@ -199,11 +199,43 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
                     padded_flat=True, in_h=height, in_w=width)
 
 
+class _RowOfNcw:
+    """An NCW tensor read as NCHW with one row (H = 1): a 1-D conv is the 2-D conv's GEMM on
+    a single output row, its kernel ``1 × kw`` (the height index, always 0, is dropped)."""
+
+    def __init__(self, x: te.Tensor):
+        self.tensor = x
+        self.dtype = x.dtype
+        self.shape = (x.shape[0], x.shape[1], tirx.const(1, "int64"), x.shape[2])
+
+    def __getitem__(self, index):
+        b, ci, _, iw = index
+        return self.tensor[b, ci, iw]
+
+
+def _store(gemm_value, batch: int, out_channels: int, plan: ConvGemm,
+           one_d: bool) -> te.Tensor:
+    """The conv's NCHW (NCW for a 1-D conv) output, ``gemm_value(b, co, oh, ow)``."""
+    def c(v):
+        return tirx.const(v, "int64")
+
+    if one_d:
+        return te.compute((c(batch), c(out_channels), c(plan.out_w)),
+                          lambda b, co, ow: gemm_value(b, co, c(0), ow),
+                          name="conv1d_ncw_store")
+    return te.compute((c(batch), c(out_channels), c(plan.out_h), c(plan.out_w)), gemm_value,
+                      name="conv2d_nchw_store")
+
+
 def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
     """NCHW ``conv2d(x, W)`` as the packed GEMM (module docstring): ``w`` is ``W[N, C·kh·kw]``
-    (the A operand); ``x``'s shape must be static."""
+    (the A operand); ``x``'s shape must be static. A 3-D (NCW) ``x`` is a 1-D conv, planned
+    as one row of height 1 (kernel ``1 × kw``), with an NCW output."""
+    one_d = len(x.shape) == 3
+    if one_d:
+        x = _RowOfNcw(x)
     if plan.positions_as_rows:
-        return _conv2d_gemm_by_positions(x, w, plan)
+        return _conv2d_gemm_by_positions(x, w, plan, one_d)
     batch, channels, height, width = (int(d) for d in x.shape)
     out_channels = int(w.shape[0])
     (kh, kw), (sh, sw), (dh, dw) = plan.kernel, plan.strides, plan.dilation
@@ -292,12 +324,12 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
         lambda co, j: te.sum(w[co, k] * panels[tirx.floordiv(j, c(nr)), k,
                                                tirx.floormod(j, c(nr))], axis=k),
         name=PACKED_GEMM)
-    return te.compute((c(batch), c(out_channels), c(out_h), c(out_w)),
-                      lambda b, co, oh, ow: gemm[co, b * c(plan.image) + oh * c(row) + ow],
-                      name="conv2d_nchw_store")
+    return _store(lambda b, co, oh, ow: gemm[co, b * c(plan.image) + oh * c(row) + ow],
+                  batch, out_channels, plan, one_d)
 
 
-def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm) -> te.Tensor:
+def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm,
+                              one_d: bool = False) -> te.Tensor:
     """The conv with the output positions as rows: ``C[b, oh, ow, co] = Σ_k A · Bp`` where A
     reads the input through the window (copied once, row-major, by the GEMM nest) and ``bp``
     is ``W[N, K]`` packed as a transposed weight; the NCHW store is folded into the write-back."""
@@ -334,8 +366,7 @@ def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm) -> te
         return te.sum(load * bp[tirx.floordiv(j, c(nr)), k, tirx.floormod(j, c(nr))], axis=k)
 
     gemm = te.compute((c(batch), c(plan.out_h), c(plan.out_w), c(n)), value, name=PACKED_GEMM)
-    return te.compute((c(batch), c(n), c(plan.out_h), c(plan.out_w)),
-                      lambda b, j, oh, ow: gemm[b, oh, ow, j], name="conv2d_nchw_store")
+    return _store(lambda b, j, oh, ow: gemm[b, oh, ow, j], batch, n, plan, one_d)
 
 
 def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
@@ -396,30 +427,41 @@ class _Packer(relax.PyExprMutator):
         return expr if isinstance(expr, GenericConst) else None
 
     def _conv(self, call: relax.Call) -> relax.Expr:
-        """A dense NCHW conv with a constant weight as the packed GEMM, else ``call``."""
+        """A dense NCHW conv (or NCW 1-D conv, as one row of height 1) with a constant weight
+        as the packed GEMM, else ``call``."""
         attrs = call.attrs
         x, w = call.args
         weight = self._constant(w)
-        if (weight is None or int(attrs.groups) != 1 or str(attrs.data_layout) != "NCHW"
-                or str(attrs.kernel_layout) != "OIHW" or str(attrs.out_layout) != "NCHW"
+        one_d = call.op.name == "relax.nn.conv1d"
+        layouts = ("NCW", "OIW", "NCW") if one_d else ("NCHW", "OIHW", "NCHW")
+        if (weight is None or int(attrs.groups) != 1
+                or (str(attrs.data_layout), str(attrs.kernel_layout),
+                    str(attrs.out_layout)) != layouts
                 or str(attrs.out_dtype) not in ("", "void", "None", "float32")
                 or str(getattr(x.ty, "dtype", "")) != "float32"
                 or str(weight.ty.dtype) != "float32"):
             return call
         shape = getattr(x.ty, "shape", None)
-        if shape is None or len(shape) != 4 or not all(isinstance(d, tirx.IntImm)
-                                                      for d in shape):
+        if shape is None or len(shape) != len(layouts[0]) or not all(
+                isinstance(d, tirx.IntImm) for d in shape):
             return call  # a symbolic dim: the direct conv's schedule takes it
+        shape = [int(d) for d in shape]
         w_np = weight.value.numpy()
-        n, channels, kh, kw = w_np.shape
-        if channels != int(shape[1]) or 0 in w_np.shape:
-            return call
         padding = [int(p) for p in attrs.padding]
+        strides = tuple(int(s) for s in attrs.strides)
+        dilation = tuple(int(d) for d in attrs.dilation)
+        if one_d:  # height 1: kernel 1 × kw, no vertical padding, stride or dilation
+            shape.insert(2, 1)
+            w_np = w_np[:, :, None, :]
+            left, right = padding if len(padding) == 2 else padding * 2
+            padding, strides, dilation = [0, left, 0, right], (1, *strides), (1, *dilation)
+        n, channels, kh, kw = w_np.shape
+        if channels != shape[1] or 0 in w_np.shape:
+            return call
         if len(padding) == 2:
             padding = padding * 2
-        plan = plan_conv_gemm([int(d) for d in shape], (kh, kw),
-                              tuple(int(s) for s in attrs.strides), tuple(padding),
-                              tuple(int(d) for d in attrs.dilation), self.params, n)
+        plan = plan_conv_gemm(shape, (kh, kw), strides, tuple(padding), dilation, self.params,
+                              n)
         if plan is None:
             return call
         w2 = np.ascontiguousarray(w_np.reshape(n, channels * kh * kw))
@@ -430,7 +472,7 @@ class _Packer(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
         call = self.visit_expr_post_order(call)
-        if getattr(call.op, "name", "") == "relax.nn.conv2d" and self.convs:
+        if getattr(call.op, "name", "") in ("relax.nn.conv2d", "relax.nn.conv1d") and self.convs:
             return self._conv(call)
         if getattr(call.op, "name", "") != "relax.matmul" or len(call.args) != 2:
             return call

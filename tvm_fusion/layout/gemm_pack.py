@@ -40,7 +40,9 @@ GEMM speed whatever the kernel size, stride, dilation or channel count; the pack
 over K × positions floats (the input itself for a 1×1 conv). A stride-1 conv may take the
 positions of the zero-padded input instead (``ConvGemm.padded_flat``: a row costs its padded
 width, and a panel reads consecutive floats across rows). A symbolic dimension keeps the
-direct conv (its schedule handles symbolic maps).
+direct conv (its schedule handles symbolic maps). A 1-D (NCW) conv is the same GEMM on one
+row of height 1; a grouped conv whose groups are wide and long enough for the micro-kernel
+(wav2vec2's positional conv) is one such GEMM per group, on its channel range of the input.
 """
 
 from __future__ import annotations

@@ -119,31 +119,43 @@ CONV_SHAPES = (
     ("yolo-3x3s2-16>32@160", 16, 32, 160, 160, 3, 2, 1, 1, 1),
     ("yolo-3x3-80>80@40", 80, 80, 40, 40, 3, 1, 1, 1, 1),
     ("grp32-3x3-128>128@56", 128, 128, 56, 56, 3, 1, 1, 1, 32),
+    ("rnx-grp32-3x3-1024>1024@7", 1024, 1024, 7, 7, 3, 1, 1, 1, 32),  # ResNeXt-50's last
     ("dil2-3x3-256>256@28", 256, 256, 28, 28, 3, 1, 2, 2, 1),
     ("odd-3x3-17>33@31", 17, 33, 31, 31, 3, 1, 1, 1, 1),
+    # 1-D convs (H = 0: an (N, C, W) input), wav2vec2's feature extractor and positional conv
+    ("w2v-1d-k10s5-1>512@16000", 1, 512, 0, 16000, 10, 5, 0, 1, 1),
+    ("w2v-1d-k3s2-512>512@3199", 512, 512, 0, 3199, 3, 2, 0, 1, 1),
+    ("w2v-1d-k2s2-512>512@99", 512, 512, 0, 99, 2, 2, 0, 1, 1),
+    ("w2v-1d-pos-k128g16-768@49", 768, 768, 0, 49, 128, 1, 64, 1, 16),
 )
 
 
 def conv_case(name: str, c_in: int, c_out: int, h: int, w: int, k: int, stride: int, pad: int,
               dilation: int, groups: int) -> Case:
+    """A 2-D conv on a ``h × w`` map, or (``h`` = 0) a 1-D conv on ``w`` positions."""
     rng = np.random.default_rng(0)
-    weight = (rng.standard_normal((c_out, c_in // groups, k, k)) /
-              math.sqrt(c_in // groups * k * k)).astype("float32")
+    dims = 1 if h == 0 else 2
+    kernel = (k,) * dims
+    weight = (rng.standard_normal((c_out, c_in // groups, *kernel)) /
+              math.sqrt(c_in // groups * k ** dims)).astype("float32")
     bias = rng.standard_normal(c_out).astype("float32")
     span = dilation * (k - 1) + 1
-    oh, ow = (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1
-    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=[k, k],
-                            strides=[stride, stride], pads=[pad] * 4,
-                            dilations=[dilation, dilation], group=groups)
+    ow = (w + 2 * pad - span) // stride + 1
+    oh = 1 if h == 0 else (h + 2 * pad - span) // stride + 1
+    x_shape = [1, c_in, w] if h == 0 else [1, c_in, h, w]
+    y_shape = [1, c_out, ow] if h == 0 else [1, c_out, oh, ow]
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=list(kernel),
+                            strides=[stride] * dims, pads=[pad] * 2 * dims,
+                            dilations=[dilation] * dims, group=groups)
     graph = helper.make_graph(
-        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, h, w])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c_out, oh, ow])],
+        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
         [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    feeds = {"x": rng.standard_normal((1, c_in, h, w)).astype("float32")}
-    flop = 2.0 * c_out * oh * ow * (c_in // groups) * k * k
-    return Case(name, "conv", model, feeds, flop, 4.0 * (c_in * h * w + c_out * oh * ow),
+    feeds = {"x": rng.standard_normal(x_shape).astype("float32")}
+    flop = 2.0 * c_out * oh * ow * (c_in // groups) * k ** dims
+    return Case(name, "conv", model, feeds, flop, 4.0 * (c_in * max(h, 1) * w + c_out * oh * ow),
                 False, {"C_in": c_in, "C_out": c_out, "H": h, "W": w, "k": k, "stride": stride,
                         "dilation": dilation, "groups": groups})
 

@@ -262,3 +262,76 @@ def test_im2col_gathers_through_a_table_of_k_offsets(case):
                 tvm.IRModule({"f": f}))][0]
     assert "k_offsets" in func.script(), func.script()
     _check(model, AVX2)
+
+
+def conv1d_model(c_in, c_out, length, k, stride=1, pads=(0, 0), dilation=1, groups=1,
+                 batch=1):
+    """One ONNX Conv on a 3-D (N, C, W) input (+ bias, ReLU): ``relax.nn.conv1d``."""
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((c_out, c_in // groups, k)).astype("float32")
+    bias = rng.standard_normal(c_out).astype("float32")
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=[k], strides=[stride],
+                            pads=list(pads), dilations=[dilation], group=groups)
+    relu = helper.make_node("Relu", ["y"], ["z"])
+    graph = helper.make_graph(
+        [node, relu], "conv1d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c_in, length])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+CONV1D_CASES = {
+    # (c_in, c_out, length, k, stride, pads, dilation, groups, batch)
+    "wav2vec2-first": (1, 16, 97, 10, 5),  # one input channel, kernel 10, stride 5
+    "k3-stride2-odd": (16, 24, 199, 3, 2),  # stride 2: the input written as column phases
+    "k3-pad-asym": (8, 12, 101, 3, 1, (1, 2)),  # stride 1: the padded input's positions
+    "dilated-batch": (8, 12, 101, 3, 1, (2, 2), 2, 1, 2),
+    "k2-stride2-positions-as-rows": (32, 64, 9, 2, 2),  # 4 positions < 64 channels
+    "1x1-odd": (16, 24, 81, 1),  # the input itself, flat
+    "k4-stride3-pad-batch": (6, 10, 50, 4, 3, (1, 0), 1, 1, 3),
+}
+
+
+@pytest.mark.parametrize("target", [TARGET, AVX2], ids=["llvm", "avx2"])
+@pytest.mark.parametrize("name", list(CONV1D_CASES))
+def test_conv1d_as_packed_gemm_matches_onnxruntime(name, target):
+    """A 1-D conv (NCW) is the 2-D conv's GEMM on one row of height 1 (kernel 1 × kw), with
+    an NCW store: the direct conv1d schedule ran wav2vec2's feature extractor 8x slower than
+    ONNX Runtime."""
+    model = conv1d_model(*CONV1D_CASES[name])
+    notes = _schedule_notes(fuse(import_onnx(model), target))
+    assert "packed GEMM" in notes, notes
+    _check(model, target)
+
+
+def test_grouped_conv1d_keeps_the_direct_conv():
+    grouped = conv1d_model(8, 8, 30, 5, 1, (2, 2), groups=4)
+    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(grouped), AVX2))
+    _check(grouped, AVX2)
+
+
+@pytest.mark.parametrize("case", [(96, 96, 49, 64, 1, (32, 32), 1, 2),  # wav2vec2's pos conv
+                                  (64, 96, 37, 17, 2, (1, 2), 1, 2, 2)],
+                         ids=["pos-conv-k64", "stride2-batch"])
+def test_grouped_conv1d_with_wide_groups_runs_a_gemm_per_group(case):
+    """Groups of at least two vectors of channels and two K blocks of reduction each run the
+    packed GEMM on their channel range of the input (one GEMM per group, concatenated):
+    wav2vec2's positional conv (16 groups of 48 channels, kernel 128) ran the direct conv at
+    0.22x ONNX Runtime."""
+    model = conv1d_model(*case)
+    notes = _schedule_notes(fuse(import_onnx(model), AVX2))
+    assert notes.count("packed GEMM") == case[7], notes
+    _check(model, AVX2)
+
+
+def test_grouped_conv2d_with_wide_groups_runs_a_gemm_per_group():
+    """7×7 over 32 channels a group (K = 1,568) runs a GEMM per group; 3×3 (K = 288, under
+    two of AVX2's K blocks of 256: ResNeXt's groups) keeps the direct conv."""
+    model = conv_model(64, 64, 15, 7, 2, 3, groups=2)
+    assert _schedule_notes(fuse(import_onnx(model), AVX2)).count("packed GEMM") == 2
+    _check(model, AVX2)
+    short = conv_model(64, 64, 7, 3, 1, 1, groups=2)
+    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(short), AVX2))

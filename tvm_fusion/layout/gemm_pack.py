@@ -43,7 +43,10 @@ width, and a panel reads consecutive floats across rows). A symbolic batch takes
 plan: every stage gets a leading batch axis, ``C[b, co, p]`` is one GEMM per image over its
 own panels (the schedule loops over the images around the per-image nest), and the weight is
 the same constant; with the positions as rows the images are more rows. A symbolic channel
-count, height or width keeps the direct conv (its schedule handles symbolic maps).
+count, height or width keeps the direct conv (its schedule handles symbolic maps). A 1-D (NCW)
+conv is the same GEMM on one row of height 1; a grouped conv whose groups are wide and long
+enough for the micro-kernel (wav2vec2's positional conv) is one such GEMM per group, on its
+channel range of the input (both with a static batch).
 """
 
 from __future__ import annotations
@@ -202,14 +205,67 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
                     padded_flat=True, in_h=height, in_w=width)
 
 
-def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
+class _RowOfNcw:
+    """An NCW tensor read as NCHW with one row (H = 1): a 1-D conv is the 2-D conv's GEMM on
+    a single output row, its kernel ``1 × kw`` (the height index, always 0, is dropped)."""
+
+    def __init__(self, x: te.Tensor):
+        self.tensor = x
+        self.dtype = x.dtype
+        self.shape = (x.shape[0], x.shape[1], tirx.const(1, "int64"), x.shape[2])
+
+    def __getitem__(self, index):
+        b, ci, _, iw = index
+        return self.tensor[b, ci, iw]
+
+
+class _ChannelRange:
+    """Channels ``[start, start + count)`` of an NCHW / NCW tensor: one group's input of a
+    grouped conv, read in place."""
+
+    def __init__(self, x: te.Tensor, start: int, count: int):
+        self.tensor = x
+        self.start = start
+        self.dtype = x.dtype
+        self.shape = (x.shape[0], tirx.const(count, "int64"), *x.shape[2:])
+
+    def __getitem__(self, index):
+        b, ci, *rest = index
+        return self.tensor[(b, ci + tirx.const(self.start, "int64"), *rest)]
+
+
+def _store(gemm_value, batch: tirx.PrimExpr, out_channels: int, plan: ConvGemm,
+           one_d: bool) -> te.Tensor:
+    """The conv's NCHW (NCW for a 1-D conv) output, ``gemm_value(b, co, oh, ow)``; ``batch``
+    may be symbolic."""
+    def c(v):
+        return tirx.const(v, "int64")
+
+    if one_d:
+        return te.compute((batch, c(out_channels), c(plan.out_w)),
+                          lambda b, co, ow: gemm_value(b, co, c(0), ow),
+                          name="conv1d_ncw_store")
+    return te.compute((batch, c(out_channels), c(plan.out_h), c(plan.out_w)), gemm_value,
+                      name="conv2d_nchw_store")
+
+
+def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
+                channels: tuple[int, int] | None = None) -> te.Tensor:
     """NCHW ``conv2d(x, W)`` as the packed GEMM (module docstring): ``w`` is ``W[N, C·kh·kw]``
     (the A operand). ``x``'s channels and map must be static; a symbolic batch runs ``plan``
     (one image's) once per image: every stage gets a leading batch axis, the GEMM is
     ``C[b, co, p]`` over one image's columns, and its schedule loops over the images
-    around the per-image nest (``tir_schedules/cpu_gemm.py``)."""
+    around the per-image nest (``tir_schedules/cpu_gemm.py``). A 3-D (NCW) ``x`` is a 1-D
+    conv, planned as one row of height 1 (kernel ``1 × kw``), with an NCW output.
+    ``channels`` (start, count): the conv of those input channels only (one group of a
+    grouped conv)."""
+    one_d = len(x.shape) == 3
+    if channels is not None:
+        x = _ChannelRange(x, *channels)
+    if one_d:
+        x = _RowOfNcw(x)
     if plan.positions_as_rows:  # the batch is a row dimension of this form
-        return _conv2d_gemm_by_positions(x, w, plan)
+        return _conv2d_gemm_by_positions(x, w, plan, one_d)
     batch = x.shape[0]
     per_image = not isinstance(batch, tirx.IntImm)
     images = 1 if per_image else int(batch)
@@ -319,15 +375,14 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm) -> te.Tensor:
                                                      tirx.floormod(j, c(nr)))], axis=k),
         PACKED_GEMM)
     if per_image:
-        return te.compute((batch, c(out_channels), c(out_h), c(out_w)),
-                          lambda b, co, oh, ow: gemm[b, co, oh * c(row) + ow],
-                          name="conv2d_nchw_store")
-    return te.compute((c(images), c(out_channels), c(out_h), c(out_w)),
-                      lambda b, co, oh, ow: gemm[co, b * c(plan.image) + oh * c(row) + ow],
-                      name="conv2d_nchw_store")
+        return _store(lambda b, co, oh, ow: gemm[b, co, oh * c(row) + ow], batch,
+                      out_channels, plan, one_d)
+    return _store(lambda b, co, oh, ow: gemm[co, b * c(plan.image) + oh * c(row) + ow],
+                  c(images), out_channels, plan, one_d)
 
 
-def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm) -> te.Tensor:
+def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm,
+                              one_d: bool = False) -> te.Tensor:
     """The conv with the output positions as rows: ``C[b, oh, ow, co] = Σ_k A · Bp`` where A
     reads the input through the window (copied once, row-major, by the GEMM nest) and ``bp``
     is ``W[N, K]`` packed as a transposed weight; the NCHW store is folded into the write-back."""
@@ -365,8 +420,7 @@ def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm) -> te
         return te.sum(load * bp[tirx.floordiv(j, c(nr)), k, tirx.floormod(j, c(nr))], axis=k)
 
     gemm = te.compute((batch, c(plan.out_h), c(plan.out_w), c(n)), value, name=PACKED_GEMM)
-    return te.compute((batch, c(n), c(plan.out_h), c(plan.out_w)),
-                      lambda b, j, oh, ow: gemm[b, oh, ow, j], name="conv2d_nchw_store")
+    return _store(lambda b, j, oh, ow: gemm[b, oh, ow, j], batch, n, plan, one_d)
 
 
 def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
@@ -427,44 +481,76 @@ class _Packer(relax.PyExprMutator):
         return expr if isinstance(expr, GenericConst) else None
 
     def _conv(self, call: relax.Call) -> relax.Expr:
-        """A dense NCHW conv with a constant weight as the packed GEMM, else ``call``."""
+        """A dense NCHW conv (or NCW 1-D conv, as one row of height 1) with a constant weight
+        as the packed GEMM, else ``call``."""
         attrs = call.attrs
         x, w = call.args
         weight = self._constant(w)
-        if (weight is None or int(attrs.groups) != 1 or str(attrs.data_layout) != "NCHW"
-                or str(attrs.kernel_layout) != "OIHW" or str(attrs.out_layout) != "NCHW"
+        one_d = call.op.name == "relax.nn.conv1d"
+        layouts = ("NCW", "OIW", "NCW") if one_d else ("NCHW", "OIHW", "NCHW")
+        groups = int(attrs.groups)
+        if (weight is None
+                or (str(attrs.data_layout), str(attrs.kernel_layout),
+                    str(attrs.out_layout)) != layouts
                 or str(attrs.out_dtype) not in ("", "void", "None", "float32")
                 or str(getattr(x.ty, "dtype", "")) != "float32"
                 or str(weight.ty.dtype) != "float32"):
             return call
         shape = getattr(x.ty, "shape", None)
         shape = None if shape is None else list(shape)
-        if shape is None or len(shape) != 4 or not all(isinstance(d, tirx.IntImm)
-                                                      for d in shape[1:]):
+        if shape is None or len(shape) != len(layouts[0]) or not all(
+                isinstance(d, tirx.IntImm) for d in shape[1:]):
             return call  # a symbolic channel or map: the direct conv's schedule takes it
+        if not isinstance(shape[0], tirx.IntImm) and (one_d or groups > 1):
+            return call  # a symbolic batch: 2-D convs without groups only, for now
+        # a symbolic batch: the plan of one image, repeated per image (conv2d_gemm)
+        shape = [int(d) if isinstance(d, tirx.IntImm) else 1 for d in shape]
         w_np = weight.value.numpy()
-        n, channels, kh, kw = w_np.shape
-        if channels != int(shape[1]) or 0 in w_np.shape:
-            return call
         padding = [int(p) for p in attrs.padding]
+        strides = tuple(int(s) for s in attrs.strides)
+        dilation = tuple(int(d) for d in attrs.dilation)
+        if one_d:  # height 1: kernel 1 × kw, no vertical padding, stride or dilation
+            shape.insert(2, 1)
+            w_np = w_np[:, :, None, :]
+            left, right = padding if len(padding) == 2 else padding * 2
+            padding, strides, dilation = [0, left, 0, right], (1, *strides), (1, *dilation)
+        n, channels, kh, kw = w_np.shape
+        if channels * groups != shape[1] or 0 in w_np.shape or n % groups:
+            return call
+        n //= groups
+        # a grouped conv: one GEMM per group when a group's channels fill the micro-kernel
+        # and its reduction spans at least two of the GEMM's K blocks (wav2vec2's positional
+        # conv: 16 groups of 48 channels × 128 taps, 0.22 -> 1.24x ONNX Runtime); narrower or
+        # shorter groups keep the direct conv (ResNeXt's 32 channels × 3×3, K = 288: 32
+        # small GEMMs measured 0.54 -> 0.41x; depthwise convs)
+        kc, _ = self.params.gemm_blocks(*self.params.gemm_tile())
+        if groups > 1 and (min(channels, n) < 2 * self.params.lanes
+                           or channels * kh * kw < 2 * kc):
+            return call
         if len(padding) == 2:
             padding = padding * 2
-        # a symbolic batch: the plan of one image, repeated per image (conv2d_gemm)
-        batch = int(shape[0]) if isinstance(shape[0], tirx.IntImm) else 1
-        plan = plan_conv_gemm([batch, *(int(d) for d in shape[1:])], (kh, kw),
-                              tuple(int(s) for s in attrs.strides), tuple(padding),
-                              tuple(int(d) for d in attrs.dilation), self.params, n)
+        shape[1] = channels
+        plan = plan_conv_gemm(shape, (kh, kw), strides, tuple(padding), dilation, self.params,
+                              n)
         if plan is None:
             return call
-        w2 = np.ascontiguousarray(w_np.reshape(n, channels * kh * kw))
-        w2 = relax.const(pack_weight(w2, plan.nr, True) if plan.positions_as_rows else w2)
         self.packed += 1
-        return self.builder_.call_te(lambda data, weights: conv2d_gemm(data, weights, plan), x,
-                                     w2, primfunc_name_hint="conv2d_gemm")
+        outputs = []
+        for g in range(groups):
+            w2 = np.ascontiguousarray(w_np[g * n:(g + 1) * n].reshape(n, channels * kh * kw))
+            w2 = relax.const(pack_weight(w2, plan.nr, True) if plan.positions_as_rows else w2)
+            part = (None if groups == 1 else (g * channels, channels))
+            conv = self.builder_.call_te(
+                lambda data, weights, part=part: conv2d_gemm(data, weights, plan, part), x, w2,
+                primfunc_name_hint="conv2d_gemm")
+            if groups == 1:
+                return conv
+            outputs.append(self.builder_.emit(conv))
+        return relax.op.concat(outputs, axis=1)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
         call = self.visit_expr_post_order(call)
-        if getattr(call.op, "name", "") == "relax.nn.conv2d" and self.convs:
+        if getattr(call.op, "name", "") in ("relax.nn.conv2d", "relax.nn.conv1d") and self.convs:
             return self._conv(call)
         if getattr(call.op, "name", "") != "relax.matmul" or len(call.args) != 2:
             return call

@@ -551,3 +551,48 @@ def test_gpu_causal_tail_on_pocl(kind, case):
         ours = opencl_runner.OpenCLRunner().run_module(mod, inputs, OPENCL)
         ref = onnx_reference(model, feeds)
         _nan_equal(ours[0], ref[0])
+
+
+def _torchscript_masked_attention(heads=2, head_dim=8):
+    """A causal attention with a padding mask read at ``arange(L)``, exported with a symbolic
+    sequence by the TorchScript exporter (``dynamo=False``), as transformers' GPT-2 and Llama
+    are: the mask's Gather normalises its index against the mask's length, a scalar ``take``
+    of a shape value that TOPI stores at no iterator (``T[()]`` under a unit ``vi``)."""
+    torch = pytest.importorskip("torch")
+    import io
+
+    import onnx
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(heads * head_dim, 3 * heads * head_dim)
+
+        def forward(self, x, mask):
+            b, length, _ = x.shape
+            q, k, v = (t.view(b, length, heads, head_dim).transpose(1, 2)
+                       for t in self.qkv(x).split(heads * head_dim, dim=-1))
+            idx = torch.arange(length)
+            keep = (idx[None, :] <= idx[:, None]) & mask[0][idx].bool()[None, :]
+            bias = torch.where(keep, 0.0, torch.finfo(torch.float32).min)
+            p = torch.softmax(q @ k.transpose(-1, -2) * head_dim ** -0.5 + bias, -1)
+            return (p @ v).transpose(1, 2).reshape(b, length, heads * head_dim)
+
+    torch.manual_seed(0)
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = (torch.randn(1, 5, heads * head_dim), torch.ones(1, 5, dtype=torch.int64))
+        torch.onnx.export(Attention().eval(), args, buf, dynamo=False,
+                          input_names=["x", "mask"], output_names=["y"],
+                          dynamic_axes={"x": {1: "seq"}, "mask": {1: "seq"}})
+    return onnx.load_from_string(buf.getvalue())
+
+
+def test_torchscript_symbolic_mask_is_one_attention_block():
+    model = _torchscript_masked_attention()
+    plans, _ = _plans(model)
+    (plan,) = plans
+    assert [d.chosen for d in plan.attention] == [True], [d.reason for d in plan.attention]
+    assert len([b for b in plan.blocks if b.kind == "attention"]) == 1
+    _check(model, sizes=({"seq": 7}, {"seq": 150}))

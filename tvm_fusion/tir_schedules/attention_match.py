@@ -392,9 +392,15 @@ def _definitions(func: tirx.PrimFunc) -> dict:
         iters = list(block.iter_vars)
         if any(int(iv.iter_type) not in (_SPATIAL, _REDUCE) for iv in iters):
             raise NotAttention(f"block {block.name_hint!r} has an iterator of another kind")
-        spatial = [iv.var for iv in iters if int(iv.iter_type) == _SPATIAL]
-        reduce = [iv.var for iv in iters if int(iv.iter_type) == _REDUCE]
         indices = list(body.indices)
+        # a unit spatial iterator the store does not index (TOPI's scalar ``take`` of a
+        # shape value, TorchScript's mask offset, stores ``T[()]`` under ``vi`` of extent 1)
+        # takes its one value
+        unit = {iv.var: iv.dom.min for iv in iters if int(iv.iter_type) == _SPATIAL
+                and _is_one(iv.dom.extent) and not any(ix.same_as(iv.var) for ix in indices)}
+        spatial = [iv.var for iv in iters
+                   if int(iv.iter_type) == _SPATIAL and not any(iv.var.same_as(u) for u in unit)]
+        reduce = [iv.var for iv in iters if int(iv.iter_type) == _REDUCE]
         if len(indices) != len(spatial) or not all(
                 isinstance(ix, tvm.ir.Var) and any(ix.same_as(v) for v in spatial)
                 for ix in indices) or len({id(ix) for ix in indices}) != len(indices):
@@ -402,9 +408,11 @@ def _definitions(func: tirx.PrimFunc) -> dict:
         order = [next(v for v in spatial if v.same_as(ix)) for ix in indices]
         init = block.init.value if block.init is not None and isinstance(
             block.init, tirx.BufferStore) else None
+        value = substitute(body.value, unit)
+        init = None if init is None else substitute(init, unit)
         if any(buf.same_as(body.buffer) for buf in defs):
             raise NotAttention(f"buffer {body.buffer.name!r} is written by two blocks")
-        defs[body.buffer] = _Def(block, body.buffer, order, reduce, body.value, init)
+        defs[body.buffer] = _Def(block, body.buffer, order, reduce, value, init)
     return defs
 
 

@@ -99,7 +99,7 @@ def test_classes_come_from_tir(swin_legalized):
              for b in swin_legalized["main"].body.blocks[0].bindings}
     by_func = {names[v]: c for v, c in classes.items()}
     assert by_func["reshape"] == by_func["transpose"] == "ILD&Fixed"
-    assert by_func["take1"] == "ILI&Fixed"  # a Gather with a constant index selects
+    assert by_func["take"] == "ILI&Fixed"  # a Gather with a constant index selects
     assert by_func["matmul"] == by_func["softmax"] == "ILD&Variable"
     assert by_func["add"] == by_func["multiply"] == "ILI&Variable"
 
@@ -145,7 +145,7 @@ def test_swin_window_partition_composes_to_two_divisions(swin_legalized):
 def test_gather_with_constant_index_becomes_affine(swin_legalized):
     head_split = extract_load_map(swin_legalized["reshape2"]).then(
         extract_load_map(swin_legalized["transpose1"]))
-    k = head_split.then(extract_load_map(swin_legalized["take1"], {1: 1}))
+    k = head_split.then(extract_load_map(swin_legalized["take"], {1: 1}))
     b, h, j, d = k.vars
     assert k.in_shape == (64, 49, 288)
     assert sym.Analyzer().can_prove_equal(k.indices[2], h * 32 + d + 96)
@@ -172,7 +172,7 @@ def test_layout_preference_of_k_transposed(swin_legalized):
     chain = ["reshape2", "transpose1"]
     load_map = extract_load_map(swin_legalized[chain[0]]).then(
         extract_load_map(swin_legalized[chain[1]]))
-    load_map = load_map.then(extract_load_map(swin_legalized["take1"], {1: 1})).then(
+    load_map = load_map.then(extract_load_map(swin_legalized["take"], {1: 1})).then(
         extract_load_map(swin_legalized["transpose2"]))
     paper = site_preference(swin_legalized["matmul1"], 1, load_map, "reduction")
     assert paper.natural and not paper.wants_view

@@ -31,7 +31,7 @@ is noted (``tvm_fusion.schedule``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
@@ -72,10 +72,7 @@ class PackedGemm:
     block: int = 0
     # row iterators that also index B (``Bp[b, ...]``: a conv's panels per image), outer
     # first: each value is its own GEMM, the nest runs once per value
-    images: list = None
-
-    def __post_init__(self):
-        self.images = self.images or []
+    images: list = field(default_factory=list)
 
     def load_b(self, panel, k, col) -> tvm.ir.Expr:
         """B at k, column ``col`` of ``panel``: an integer weight widened to float32 in
@@ -481,8 +478,7 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
     def load_b(panel, kk, col):
         return _substitute(match.load_b(panel, kk, col), bind(per_image))
     spec = Gemm(const_int(rows) if const_int(rows) is not None else rows, n, k, load_a,
-                load_b if loops else match.load_b, partial_at, final, widened=b_bytes != 4,
-                pack_b=pack_b)
+                load_b, partial_at, final, widened=b_bytes != 4, pack_b=pack_b)
     nest = emit_gemm(spec, blocking, params.cores)
     copied = bool(prologue)
     sums_apart = partial is not None and any(st.buffer.same_as(partial)

@@ -136,12 +136,7 @@ class Value:
     @property
     def size(self) -> int:
         """Elements; a symbolic extent at its representative size (for costs)."""
-        if self.shape is None:
-            return 0
-        try:
-            return math.prod(self.shape)
-        except Refuse:  # a symbolic extent (rare): the slow way
-            return math.prod(_rep(d) for d in self.shape)
+        return 0 if self.shape is None else math.prod(_rep(d) for d in self.shape)
 
     @property
     def ndim(self) -> int:

@@ -203,7 +203,8 @@ def build_ecg(
             if src is not None and nodes[src].fusible:
                 # its readers read it through the match_cast binding, which no kernel can
                 # contain: grouped with one of them, the producer would need the cast's result
-                # before computing it (a cycle between groups)
+                # before computing it (a cycle between groups). Where CanonicalizeBindings
+                # folded such a cast away, _renamed_inputs finds the rename in the kernels
                 nodes[src].fusible = False
                 nodes[src].reason = "its readers read its result through a match_cast"
         known_dims.update(v.name for v in relax.analysis.tir_vars_in_type(var.ty))

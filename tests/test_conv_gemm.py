@@ -338,15 +338,15 @@ def test_grouped_conv2d_with_wide_groups_runs_a_gemm_per_group():
 
 
 def conv3d_model(c_in, c_out, size, kernel, strides=(1, 1, 1), pads=(0, 0, 0),
-                 dilation=(1, 1, 1), batch=1, residual=False):
+                 dilation=(1, 1, 1), batch=1, residual=False, groups=1):
     """One ONNX Conv on an NCDHW input (+ bias, ReLU; with ``residual`` the input added
     before the ReLU, as r3d_18's blocks do): ``relax.nn.conv3d``."""
     rng = np.random.default_rng(7)
-    weight = rng.standard_normal((c_out, c_in, *kernel)).astype("float32")
+    weight = rng.standard_normal((c_out, c_in // groups, *kernel)).astype("float32")
     bias = rng.standard_normal(c_out).astype("float32")
     node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=list(kernel),
                             strides=list(strides), pads=list(pads) * (2 if len(pads) == 3 else 1),
-                            dilations=list(dilation))
+                            dilations=list(dilation), group=groups)
     nodes = [node, helper.make_node("Add", ["y", "x"], ["s"]),
              helper.make_node("Relu", ["s"], ["z"])] if residual else [
         node, helper.make_node("Relu", ["y"], ["z"])]
@@ -445,6 +445,12 @@ def test_symbolic_batch_conv3d_as_packed_gemm(name):
     if name != "positions-as-rows":
         assert "one GEMM per image" in notes, notes
     _check_sizes(model, AVX2, [(1, c_in, *size), (3, c_in, *size)])
+
+
+def test_grouped_conv3d_keeps_the_direct_conv():
+    model = conv3d_model(8, 8, (4, 6, 6), (3, 3, 3), (1, 1, 1), (1, 1, 1), groups=2)
+    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(model), AVX2))
+    _check_stock(model, AVX2)
 
 
 @pytest.mark.parametrize("target", [ZEN3, AARCH64], ids=["avx2", "aarch64"])

@@ -46,7 +46,10 @@ the same constant; with the positions as rows the images are more rows. A symbol
 count, height or width keeps the direct conv (its schedule handles symbolic maps). A 1-D (NCW)
 conv is the same GEMM on one row of height 1; a grouped conv whose groups are wide and long
 enough for the micro-kernel (wav2vec2's positional conv) is one such GEMM per group, on its
-channel range of the input (both with a static batch).
+channel range of the input (both with a static batch). A 3-D (NCDHW) conv is read as a 2-D
+conv of this GEMM (:func:`fold_conv3d`): a temporal ``kd×1×1`` conv over ``D`` rows of ``H·W``,
+any other over one image per output depth whose channels are the input's × the ``kd`` taps
+in depth.
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ PACKED_GEMM = "matmul_packed"
 
 def _dtype(expr) -> str:
     return str(expr.ty.dtype)
+
+
+def _i64(v) -> tirx.PrimExpr:
+    return tirx.const(v, "int64")
 
 
 def panel_width(n: int, params: CpuParams) -> int:
@@ -273,6 +280,8 @@ def fold_conv3d(shape: list[int], kernel: tuple[int, int, int], strides: tuple[i
 class _DepthAsRows:
     """An NCDHW tensor read as NCHW: the depth as the height, each ``H × W`` map one row."""
 
+    gathers = False  # a reshape: the GEMM's packing reads it as it reads the input
+
     def __init__(self, x: te.Tensor):
         self.tensor = x
         self.dtype = x.dtype
@@ -355,10 +364,6 @@ class _ChannelRange:
         return self.tensor[(b, ci + tirx.const(self.start, "int64"), *rest)]
 
 
-def _i64(v) -> tirx.PrimExpr:
-    return tirx.const(v, "int64")
-
-
 def _store(gemm_value, batch: tirx.PrimExpr, out_channels: int, plan: ConvGemm,
            view=None) -> te.Tensor:
     """The conv's NCHW output, ``gemm_value(b, co, oh, ow)``, or the one of the tensor that
@@ -388,7 +393,7 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
         x = view = _RowOfNcw(x)
     elif depth is not None:
         x = view = depth.view(x)
-        if getattr(view, "gathers", False) and not any(plan.padding):
+        if view.gathers and not any(plan.padding):
             x = view.materialised()  # no padding stage of the 2-D plan reads the view
     if plan.positions_as_rows:  # the batch is a row dimension of this form
         return _conv2d_gemm_by_positions(x, w, plan, view)

@@ -375,9 +375,9 @@ def test_rules_cross_compile_for_aarch64():
         pytest.skip("LLVM built without the AArch64 backend")
     target = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
     assert cpu_params(target).lanes == 4
-    mod = import_onnx(_RULES["conv"][0])
-    executable = compile_model(mod, target)
-    assert "fmla" in executable.mod.imports[0].inspect_source("asm")
+    for model in (_RULES["conv"][0], _window_stride2_model("depthwise", 12, 14, 3, "Relu")):
+        executable = compile_model(import_onnx(model), target)
+        assert "fmla" in executable.mod.imports[0].inspect_source("asm")
 
 
 # ------------------------------------------------------------------------- failure handling

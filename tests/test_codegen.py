@@ -307,9 +307,10 @@ def test_cpu_rule(rule):
     assert not any(FALLBACK_ATTR in f.attrs for _, f in _primfuncs(mod))
 
 
-def _window_stride2_model(kind, channels, size, kernel, act):
-    """A stride-2 window (depthwise conv or max pool) with 'same' padding and an epilogue."""
-    pad = kernel // 2
+def _window_stride2_model(kind, channels, size, kernel, act, pad=None):
+    """A stride-2 window (depthwise conv or max pool), 'same' padding unless given, and an
+    epilogue."""
+    pad = kernel // 2 if pad is None else pad
     out = (size + 2 * pad - kernel) // 2 + 1
     attrs = dict(kernel_shape=[kernel, kernel], pads=[pad] * 4, strides=[2, 2])
     if kind == "pool":
@@ -322,19 +323,21 @@ def _window_stride2_model(kind, channels, size, kernel, act):
                   [_vi("y", [1, channels, out, out])], inits)
 
 
-@pytest.mark.parametrize("kind,channels,size,kernel,act", [
-    ("depthwise", 37, 30, 3, "Relu"),  # odd channel count, MobileNetV2's stride-2 dw
-    ("depthwise", 24, 28, 5, "HardSwish"),  # EfficientNet's 5×5 stride-2 dw
-    ("depthwise", 8, 13, 3, "Sigmoid"),  # odd padded width (15): no split, still right
-    ("pool", 5, 18, 3, "Relu"),
+@pytest.mark.parametrize("kind,channels,size,kernel,act,pad", [
+    ("depthwise", 37, 30, 3, "Relu", 1),  # odd channel count, MobileNetV2's stride-2 dw
+    ("depthwise", 24, 28, 5, "HardSwish", 2),  # EfficientNet's 5×5 stride-2 dw
+    ("depthwise", 8, 13, 3, "Sigmoid", 1),  # odd padded width (15): no split, still right
+    ("depthwise", 6, 34, 3, "Relu", 0),  # no padding: the function input is copied split
+    ("pool", 5, 18, 3, "Relu", 1),
 ])
-def test_stride2_window_padding_is_written_in_split_layout(kind, channels, size, kernel, act):
+def test_stride2_window_padding_is_written_in_split_layout(kind, channels, size, kernel, act,
+                                                           pad):
     """A stride-2 depthwise conv or pool reads its padded input as even/odd columns; the
     padding copy iterates that layout (one loop per parity, contiguous stores) instead of
     scattering each element with ``% 2`` and ``// 2``: MobileNetV2's 144-channel 56×56
     stride-2 depthwise conv went from 0.59× to 1.1× ONNX Runtime's speed. Numerics against the
     unscheduled build, stock TVM and ONNX Runtime."""
-    model = _window_stride2_model(kind, channels, size, kernel, act)
+    model = _window_stride2_model(kind, channels, size, kernel, act, pad)
     mod = _check(model, conv_layout="NCHW")
     feeds = random_inputs(model)
     inputs = [feeds[name] for name in graph_input_names(model)]
@@ -343,7 +346,7 @@ def test_stride2_window_padding_is_written_in_split_layout(kind, channels, size,
             rtol=RTOL, atol=ATOL)
     split = [(f, buf) for _, f in _primfuncs(mod)
              for buf, why in dict(f.attrs[KEPT_ATTR]).items() if "even/odd" in why]
-    if (size + 2 * (kernel // 2)) % 2:
+    if (size + 2 * pad) % 2:
         assert not split, "an odd padded width has no even/odd split"
         return
     assert split, _notes(mod)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import inspect
 
 import tvm
-from tvm import relax, topi
+from tvm import relax, te
 
 from ..tir_schedules.cpu_target import cpu_params
 
@@ -133,8 +133,12 @@ class _Widening:
             return self.bb.call_te(func, *args, **kwargs)
 
         def widened(x, *rest, **more):
-            out = func(topi.cast(x, self.wide), *rest, **more)
-            return topi.cast(out, self.narrow)
+            # stages named apart from the op's own ("compute"): the schedule rules tell a
+            # function's stages by name, and inline the cast up into the reduction
+            up = te.compute(x.shape, lambda *i: x(*i).astype(self.wide), name="T_cast_up")
+            out = func(up, *rest, **more)
+            return te.compute(out.shape, lambda *i: out(*i).astype(self.narrow),
+                              name="T_cast_down")
 
         kwargs.setdefault("primfunc_name_hint", func.__name__.strip("_").removeprefix("te_"))
         return self.bb.call_te(widened, *args, **kwargs)

@@ -20,6 +20,7 @@ from tvm.script import relax as R
 from tvm_fusion.compile import compile_model, fuse, graph_input_names, import_onnx
 from tvm_fusion.compile import run as run_vm
 from tvm_fusion.feeds import random_inputs
+from tvm_fusion.memory import kernel_workspace
 from tvm_fusion.models.precision import cast_model
 from tvm_fusion.numerics import check_outputs, max_abs_error, onnx_reference
 from tvm_fusion.relay_passes.accumulate import AccumulateInFloat32, widened_legalizations
@@ -183,6 +184,11 @@ def test_fp16_convs_and_matmuls_run_as_the_packed_gemm_with_float32_sums():
     # the strided 3×3 conv, the 1×1 conv and the MatMul; the depthwise conv stays direct
     assert sum("packed GEMM" in n for n in notes) == 3, notes
     assert _reduction_dtypes(fuse(mod, ZEN3, schedule=False)) == {"float32"}
+    # the global average pool reads its fp16 input cast up in place: no float32 copy of the
+    # 33×8×8 map inside the kernel
+    for build in (fused, fuse(mod, ZEN3, strategy="tvm", schedule=True)):
+        means = [f for gv, f in build.functions.items() if "mean" in gv.name_hint]
+        assert means and all(kernel_workspace(f) < 33 * 8 * 8 * 2 for f in means)
 
 
 @pytest.mark.parametrize("target", [AARCH64, AARCH64_FP16], ids=["neon", "neon-fullfp16"])

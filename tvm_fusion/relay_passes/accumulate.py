@@ -115,7 +115,8 @@ def widened_legalizations(target: tvm.target.Target) -> dict:
         wide = accumulates(dtype) if dtype else dtype
         if wide == dtype:
             return stock(bb, call)
-        return stock(_Widening(bb, call.args[0], wide, dtype), call)
+        name = call.op.name.rsplit(".", 1)[-1]  # the kernel's name, as TVM's: "mean"
+        return stock(_Widening(bb, call.args[0], wide, dtype, name), call)
 
     return dict.fromkeys(REDUCTIONS, legalize)
 
@@ -125,11 +126,12 @@ class _Widening:
     function on ``data`` cast to ``wide`` and casts the result back to ``narrow``; everything
     else (a zero-size reduction's ``full``) is the builder's."""
 
-    def __init__(self, bb: relax.BlockBuilder, data: relax.Expr, wide: str, narrow: str):
-        self.bb, self.data, self.wide, self.narrow = bb, data, wide, narrow
+    def __init__(self, bb: relax.BlockBuilder, data: relax.Expr, wide: str, narrow: str,
+                 name: str):
+        self.bb, self.data, self.wide, self.narrow, self.name = bb, data, wide, narrow, name
 
     def call_te(self, func, *args, **kwargs):
-        if not args or not args[0].same_as(self.data):
+        if not args or not isinstance(args[0], relax.Expr) or not args[0].same_as(self.data):
             return self.bb.call_te(func, *args, **kwargs)
 
         def widened(x, *rest, **more):
@@ -140,7 +142,7 @@ class _Widening:
             return te.compute(out.shape, lambda *i: out(*i).astype(self.narrow),
                               name="T_cast_down")
 
-        kwargs.setdefault("primfunc_name_hint", func.__name__.strip("_").removeprefix("te_"))
+        kwargs.setdefault("primfunc_name_hint", self.name)
         return self.bb.call_te(widened, *args, **kwargs)
 
     def __getattr__(self, name):

@@ -54,7 +54,7 @@ class PinningImporter(ExportedProgramImporter):
         table = dict(super().create_convert_map())
         for name, repair in fx_repairs.CONVERTERS.items():
             if repair.repair in self.repairs:
-                table[name] = functools.partial(_counted, repair, self)
+                table[name] = functools.partial(_counted, repair, self, table.get(name))
         return {name: self._wrap(name, fn) for name, fn in table.items()}
 
     def create_input_vars(self, exported_program):
@@ -137,8 +137,14 @@ def _same(a, b) -> bool:
     return bool(sym.Analyzer().can_prove_equal(a, b))
 
 
-def _counted(repair, importer, node, *rest):
+def _counted(repair, importer, stock, node, *rest):
+    """``repair``'s conversion of ``node``, counted; TVM's (``stock``) where it does not apply."""
     out = repair(importer, node)
+    if out is None:
+        if stock is None:
+            raise FrontendError(_where(node), "is not supported by TVM's ExportedProgram "
+                                              "importer")
+        return stock(node, *rest)
     importer.report.repairs[repair.repair] += 1
     return out
 
@@ -191,4 +197,9 @@ def from_exported_program(program, *, keep_params_as_input=False, run_decomposit
         if run_decompositions:
             program = program.run_decompositions()
         importer = PinningImporter(repairs=repairs, report=report)
-        return importer.from_exported_program(program, keep_params_as_input, False, False, None)
+        mod = importer.from_exported_program(program, keep_params_as_input, False, False, None)
+    if importer.report.repairs.get("unexpanded_weight"):
+        # the weights' broadcast_to that fx_repairs.bmm_of_an_expanded_matrix left unused:
+        # bound to constants, FoldConstant would still materialise them
+        mod = relax.transform.DeadCodeElimination()(mod)
+    return mod

@@ -161,7 +161,9 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
     flat positions of the padded input (each panel then reads consecutive floats across rows,
     and a row costs its padded width, ``out_w + (kw-1)·dw``, instead of whole panels: 58
     columns for a 3×3 conv's 56-wide rows where panels of 16 take 64) when that makes fewer
-    columns, rounded to its best panel width, at no more modelled cost."""
+    columns, rounded to its best panel width, at no more modelled cost. A map with fewer
+    positions than output channels whose columns would be mostly padding takes the positions
+    as the GEMM's rows (``positions_as_rows``)."""
     batch, _, height, width = shape
     kh, kw = kernel
     top, left, bottom, right = padding
@@ -169,11 +171,44 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
     out_w = (width + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
     if out_h <= 0 or out_w <= 0 or 0 in shape:
         return None
-    flat = (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding)
-    if shape[0] * out_h * out_w < out_channels:
+    plan = _plan_by_columns(shape, kernel, strides, padding, dilation, params, out_h, out_w)
+    positions = batch * out_h * out_w
+    # positions as rows where their columns would cost much more than the positions in the
+    # ISA's widest panels (padding, a narrow tile): 7×7 maps (1.5x: 49 positions in 56
+    # columns of 8 or 72 of 24; the 3×3 512→512 0.53x ONNX Runtime as columns, 0.88x as
+    # rows), not 14×14 or 16×16 (1.1-1.2x: as columns 0.81 -> 0.86x, 0.89 -> 1.12x, the
+    # U-Net's 3×3 1024→1024 0.79 -> 0.85x against rows)
+    _, widest = params.gemm_tile()
+    ideal = _work(params, widest, widest) / widest * positions  # no padded panel
+    if positions < out_channels and \
+            _work(params, plan.nr, plan.columns(batch)) >= _COSTLIER_COLUMNS * ideal:
         nr = panel_width(out_channels, params)
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, False, True,
                         out_channels)
+    return plan
+
+
+# Positions as rows when the column plan's modelled work is at least this many times the
+# positions' in the widest panels
+_COSTLIER_COLUMNS = 1.3
+
+
+def _work(params: CpuParams, nr: int, columns: int) -> float:
+    """Work of ``columns`` in panels of ``nr``, per FMA of the tile: the micro-kernel's loads
+    (MR broadcasts, NR/lanes vectors of B) beside its FMAs, the last panel's padding."""
+    mr, _ = params.gemm_tile(nr)
+    vectors = nr // params.lanes
+    fmas = mr * vectors
+    return -(-columns // nr) * nr * (fmas + mr + vectors) / fmas
+
+
+def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[int, int],
+                     padding: tuple[int, int, int, int], dilation: tuple[int, int],
+                     params: CpuParams, out_h: int, out_w: int) -> ConvGemm:
+    """The plan with the output positions as the GEMM's columns (:func:`plan_conv_gemm`)."""
+    batch, _, height, width = shape
+    kh, kw = kernel
+    flat = (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding)
     if flat:
         nr = panel_width(shape[0] * out_h * out_w, params)
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat)
@@ -181,10 +216,7 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
 
     def cost(nr: int, columns: int) -> float:
         """Work of ``columns`` (per image) in panels of ``nr``, per FMA of the tile."""
-        mr, _ = params.gemm_tile(nr)
-        vectors = nr // params.lanes
-        fmas = mr * vectors
-        return -(-columns // nr) * nr * (fmas + mr + vectors) / fmas
+        return _work(params, nr, columns)
 
     widths = range(params.lanes, widest + 1, params.lanes)
     nr = min(widths, key=lambda w: (cost(w, out_w) * out_h, -w))

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from tvm_fusion.bench import medians_in_turns, write_results  # noqa: E402
+from tvm_fusion.bench import CLOCKS, check_clock, medians_in_turns, write_results  # noqa: E402
 from tvm_fusion.compile import compile_model, graph_input_names, import_onnx, run  # noqa: E402
 from tvm_fusion.feeds import random_inputs  # noqa: E402
 from tvm_fusion.models.attention import llama_decoder_layer  # noqa: E402
@@ -60,7 +60,8 @@ def ort_session(model) -> ort.InferenceSession:
 STOCK = {"strategy": "tvm", "schedule": True}  # FuseOps groups, tvm_fusion's schedules
 
 
-def measure(model, executable, sizes: dict, seconds: float, name: str, stock=None) -> dict:
+def measure(model, executable, sizes: dict, seconds: float, name: str, stock=None,
+            clock: str = "wall") -> dict:
     """Outputs against the reference, then tvm_fusion and ORT (and ``stock``, an executable)
     timed in turns."""
     import tvm
@@ -84,7 +85,7 @@ def measure(model, executable, sizes: dict, seconds: float, name: str, stock=Non
     calls["tvm_fusion"]()
     once = max(time.perf_counter() - start, 1e-4)
     repeat = max(3, math.ceil(seconds / once))
-    t = medians_in_turns(calls, warmup=1, repeat=repeat)
+    t = medians_in_turns(calls, warmup=1, repeat=repeat, clock=CLOCKS[clock])
     row = {"case": name, "sizes": sizes, "tvm_fusion_ms": t["tvm_fusion"],
            "onnxruntime_ms": t["onnxruntime"], "speedup": t["onnxruntime"] / t["tvm_fusion"],
            "max_abs_err": err, "ort_optimised_err": err_ort,
@@ -130,7 +131,13 @@ def main(argv=None) -> int:
     parser.add_argument("--stock", action="store_true",
                         help="also time stock FuseOps with tvm_fusion's schedules")
     parser.add_argument("--out", default=str(ROOT / "out" / "decoder"))
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="cpu: each call's thread CPU time (TVM_NUM_THREADS=1)")
     args = parser.parse_args(argv)
+    try:
+        check_clock(args.clock)
+    except ValueError as err:
+        parser.error(str(err))
     config = SMALL if args.small else LLAMA
     threads = os.environ.get("TVM_NUM_THREADS", "")
     spec = host_target_dict()
@@ -139,6 +146,7 @@ def main(argv=None) -> int:
     target = to_target(spec)
     result = {"machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
               "target": json.dumps(spec), "threads": threads or "default",
+              "clock": args.clock,
               "when": time.strftime("%Y-%m-%d %H:%M"), "config": config, "rows": []}
     cases = [("prefill", llama_decoder_layer(seq="seq", **config), "seq", args.seqs),
              ("decode", llama_decoder_layer(seq=1, past="past", **config), "past", args.past)]
@@ -152,7 +160,7 @@ def main(argv=None) -> int:
         stock = compile_model(import_onnx(model), target, **STOCK) if args.stock else None
         for size in (int(s) for s in sizes.split(",") if s):
             result["rows"].append(measure(model, executable, {dim: size}, args.seconds, name,
-                                          stock))
+                                          stock, args.clock))
     write_results(args.out, "decoder", result, markdown(result))
     print(markdown(result))
     return 0

@@ -21,7 +21,8 @@ vector FMA chains, and a vector sum over 256 MiB (the method of shared/tools/cpu
 ``--families conv`` (or ``matmul,conv``) is the conv sweep (:data:`CONV_SHAPES`: single Conv
 operators with bias from ResNet-50, MobileNetV2, ConvNeXt-T, the SD U-Net block, YOLOv8n and
 the U-Net, plus grouped, dilated and odd-channel ones; :data:`CONV_TRANSPOSE_SHAPES`:
-ConvTranspose; ``--only`` takes their names). ``--stock`` also
+ConvTranspose; :data:`CONV3D_SHAPES`: the 3-D convs of r3d_18 and r2plus1d_18; ``--only``
+takes their names). ``--stock`` also
 builds each shape through stock FuseOps with our CPU schedules (the ``tvm-fuseops-sched``
 variant: no conv packing) and times it in the same loop.
 """
@@ -207,14 +208,61 @@ def conv_transpose_case(name: str, c_in: int, c_out: int, h: int, w: int, k: int
                         "transposed": True})
 
 
+# 3-D convs (batch 1, float32, with bias; NCDHW) of the video models: (name, C_in, C_out,
+# (D, H, W), (kd, kh, kw), (sd, sh, sw), (pd, ph, pw)) with the same padding at both ends.
+CONV3D_SHAPES = (
+    ("r3d-3x7x7s122-3>64@16x112", 3, 64, (16, 112, 112), (3, 7, 7), (1, 2, 2), (1, 3, 3)),
+    ("r3d-3x3x3-64>64@16x56", 64, 64, (16, 56, 56), (3, 3, 3), (1, 1, 1), (1, 1, 1)),
+    ("r3d-3x3x3s2-64>128@16x56", 64, 128, (16, 56, 56), (3, 3, 3), (2, 2, 2), (1, 1, 1)),
+    ("r3d-3x3x3-128>128@8x28", 128, 128, (8, 28, 28), (3, 3, 3), (1, 1, 1), (1, 1, 1)),
+    ("r3d-3x3x3-256>256@4x14", 256, 256, (4, 14, 14), (3, 3, 3), (1, 1, 1), (1, 1, 1)),
+    ("r3d-3x3x3-512>512@2x7", 512, 512, (2, 7, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1)),
+    ("r3d-1x1x1s2-64>128@16x56", 64, 128, (16, 56, 56), (1, 1, 1), (2, 2, 2), (0, 0, 0)),
+    ("r21d-1x7x7s122-3>45@8x112", 3, 45, (8, 112, 112), (1, 7, 7), (1, 2, 2), (0, 3, 3)),
+    ("r21d-1x3x3-64>144@8x56", 64, 144, (8, 56, 56), (1, 3, 3), (1, 1, 1), (0, 1, 1)),
+    ("r21d-3x1x1-144>64@8x56", 144, 64, (8, 56, 56), (3, 1, 1), (1, 1, 1), (1, 0, 0)),
+    ("r21d-1x3x3s122-64>230@8x56", 64, 230, (8, 56, 56), (1, 3, 3), (1, 2, 2), (0, 1, 1)),
+    ("r21d-3x1x1s211-230>128@8x28", 230, 128, (8, 28, 28), (3, 1, 1), (2, 1, 1), (1, 0, 0)),
+    ("r21d-1x3x3-256>576@2x14", 256, 576, (2, 14, 14), (1, 3, 3), (1, 1, 1), (0, 1, 1)),
+    ("r21d-3x1x1-576>256@2x14", 576, 256, (2, 14, 14), (3, 1, 1), (1, 1, 1), (1, 0, 0)),
+    ("odd-3x3x3s2-17>33@9x13x11", 17, 33, (9, 13, 11), (3, 3, 3), (2, 2, 2), (1, 1, 1)),
+)
+
+
+def conv3d_case(name: str, c_in: int, c_out: int, size: tuple, kernel: tuple, strides: tuple,
+                pads: tuple) -> Case:
+    """An NCDHW conv with bias (:data:`CONV3D_SHAPES`)."""
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((c_out, c_in, *kernel)) /
+              math.sqrt(c_in * math.prod(kernel))).astype("float32")
+    bias = rng.standard_normal(c_out).astype("float32")
+    out = [(n + 2 * p - k) // s + 1 for n, k, s, p in zip(size, kernel, strides, pads)]
+    x_shape, y_shape = [1, c_in, *size], [1, c_out, *out]
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=list(kernel),
+                            strides=list(strides), pads=[*pads, *pads])
+    graph = helper.make_graph(
+        [node], "conv3d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds = {"x": rng.standard_normal(x_shape).astype("float32")}
+    flop = 2.0 * c_out * math.prod(out) * c_in * math.prod(kernel)
+    return Case(name, "conv", model, feeds, flop,
+                4.0 * (c_in * math.prod(size) + c_out * math.prod(out)), False,
+                {"C_in": c_in, "C_out": c_out, "H": size[1], "W": size[2],
+                 "k": "x".join(map(str, kernel)), "stride": "x".join(map(str, strides)),
+                 "dilation": 1, "groups": 1})
+
+
 def conv_cases(quick: bool) -> list[Case]:
     """The conv shapes of issue 20, item 4 (:data:`CONV_SHAPES`: 1×1, 3×3, strided, 7×7 and
     3×3 depthwise, grouped, dilated, odd channels, 7×7 to 224×224 maps); all are small
     enough for ``--quick``."""
     del quick
     lazies = []
-    for make, shapes in ((conv_case, CONV_SHAPES),
-                         (conv_transpose_case, CONV_TRANSPOSE_SHAPES)):
+    for make, shapes in ((conv_case, CONV_SHAPES), (conv_transpose_case, CONV_TRANSPOSE_SHAPES),
+                         (conv3d_case, CONV3D_SHAPES)):
         for shape in shapes:
             lazy = _Lazy(make, shape)
             lazy.name = shape[0]

@@ -3,6 +3,7 @@
     python scripts/dynamic_exports.py [--small] [--models bert_base,gpt2_lm,...]
                                       [--exporters dynamo,torchscript,torch_export]
                                       [--out out/dynamic] [--no-timing] [--no-ablation]
+                                      [--clock wall|cpu]
 
 For each model (BERT-base, GPT-2 with its LM head, the 2-layer Llama-style decoder, ViT-B/16
 with a symbolic batch; ``--small``: their tiny configurations) and each exporter
@@ -42,7 +43,7 @@ import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 
 from tvm_fusion import export_models as zoo  # noqa: E402
-from tvm_fusion.bench import medians_in_turns  # noqa: E402
+from tvm_fusion.bench import CLOCKS, check_clock, medians_in_turns  # noqa: E402
 from tvm_fusion.compile import (  # noqa: E402
     compile_model,
     count_kernels,
@@ -196,7 +197,8 @@ def run_case(spec, exporter: str, out: Path, args) -> dict:
         inputs = [tvm.runtime.tensor(feeds[i.name]) for i in spec.inputs]
         calls = {"symbolic": lambda: builds["tvm_fusion"]["main"](*inputs),
                  "static": lambda: static_vm["main"](*inputs)}
-        medians = medians_in_turns(calls, warmup=2, repeat=args.repeat, turn_s=0.5)
+        medians = medians_in_turns(calls, warmup=2, repeat=args.repeat, turn_s=0.5,
+                                   clock=CLOCKS[args.clock])
         entry["time_ms"] = {k: round(v, 3) for k, v in medians.items()}
         entry["symbolic_over_static"] = round(medians["symbolic"] / medians["static"], 3)
 
@@ -234,8 +236,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="out/dynamic")
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="cpu: each call's thread CPU time (TVM_NUM_THREADS=1; a busy "
+                             "neighbour does not inflate it)")
     parser.add_argument("--no-ablation", action="store_true")
     args = parser.parse_args(argv)
+    try:
+        check_clock(args.clock)
+    except ValueError as err:
+        parser.error(str(err))
     out = Path(args.out) / ("small" if args.small else "full")
     registry = zoo.SMALL if args.small else zoo.MODELS
     results = out / "results.json"

@@ -10,7 +10,7 @@ from conftest import TARGET
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.compile import compile_model, count_kernels, fuse, import_onnx, run
-from tvm_fusion.layout.gemm_pack import plan_conv_gemm
+from tvm_fusion.layout.gemm_pack import fold_conv3d, plan_conv_gemm
 from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.tir_schedules.cpu_target import cpu_params
 
@@ -364,3 +364,130 @@ def test_grouped_conv2d_with_wide_groups_runs_a_gemm_per_group():
     _check(model, AVX2)
     short = conv_model(64, 64, 7, 3, 1, 1, groups=2)
     assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(short), AVX2))
+
+
+def conv3d_model(c_in, c_out, size, kernel, strides=(1, 1, 1), pads=(0, 0, 0),
+                 dilation=(1, 1, 1), batch=1, residual=False, groups=1):
+    """One ONNX Conv on an NCDHW input (+ bias, ReLU; with ``residual`` the input added
+    before the ReLU, as r3d_18's blocks do): ``relax.nn.conv3d``."""
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((c_out, c_in // groups, *kernel)).astype("float32")
+    bias = rng.standard_normal(c_out).astype("float32")
+    node = helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=list(kernel),
+                            strides=list(strides), pads=list(pads) * (2 if len(pads) == 3 else 1),
+                            dilations=list(dilation), group=groups)
+    nodes = [node, helper.make_node("Add", ["y", "x"], ["s"]),
+             helper.make_node("Relu", ["s"], ["z"])] if residual else [
+        node, helper.make_node("Relu", ["y"], ["z"])]
+    graph = helper.make_graph(
+        nodes, "conv3d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c_in, *size])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+CONV3D_CASES = {
+    # (c_in, c_out, (D, H, W), kernel, strides, pads (one end, or all six), dilation, batch)
+    "3x3x3-pad": (5, 7, (6, 9, 8), (3, 3, 3), (1, 1, 1), (1, 1, 1)),  # r3d's blocks
+    "3x3x3-stride2-odd": (5, 7, (7, 9, 11), (3, 3, 3), (2, 2, 2), (1, 1, 1)),
+    "3x7x7-stem": (3, 16, (4, 20, 20), (3, 7, 7), (1, 2, 2), (1, 3, 3)),
+    "1x3x3-spatial": (6, 10, (5, 9, 9), (1, 3, 3), (1, 1, 1), (0, 1, 1)),  # R(2+1)D's
+    "1x3x3-stride122": (6, 17, (5, 12, 12), (1, 3, 3), (1, 2, 2), (0, 1, 1)),
+    "3x1x1-temporal": (6, 10, (5, 9, 9), (3, 1, 1), (1, 1, 1), (1, 0, 0)),
+    "3x1x1-stride211": (9, 10, (7, 5, 6), (3, 1, 1), (2, 1, 1), (1, 0, 0)),
+    "1x1x1-stride2": (6, 10, (5, 9, 9), (1, 1, 1), (2, 2, 2), (0, 0, 0)),  # downsample
+    "3x3x3-no-pad": (6, 10, (5, 9, 9), (3, 3, 3)),  # the depth slices as their own stage
+    "2x3x3-front-pad-dilated": (6, 10, (5, 9, 9), (2, 3, 3), (1, 1, 1), (1, 0, 0, 0, 0, 0),
+                                (2, 1, 1)),
+    "positions-as-rows": (16, 40, (3, 4, 4), (3, 3, 3), (1, 1, 1), (1, 1, 1)),
+    "batch2-odd": (3, 5, (3, 7, 6), (3, 3, 3), (1, 2, 1), (1, 1, 0), (1, 1, 1), 2),
+}
+
+
+def _check_stock(model, target, batch=1, **options):
+    """``model`` built by tvm_fusion against ONNX Runtime and stock TVM (its own grouping and
+    legalised kernels: no packing, no schedules of ours)."""
+    shape = [d.dim_value or batch for d in model.graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(3).standard_normal(shape).astype("float32")
+    got = run(compile_model(import_onnx(model), target, **options), [x])
+    compare(got, onnx_reference(model, {"x": x}), rtol=1e-4, atol=1e-4)
+    stock = run(compile_model(import_onnx(model), target, strategy="tvm", schedule=False,
+                              pack_weights=False), [x])
+    compare(got, stock, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(CONV3D_CASES))
+def test_conv3d_as_packed_gemm_matches_onnxruntime_and_stock(name):
+    """An NCDHW conv is the 2-D conv GEMM (``fold_conv3d``): a k×1×1 conv over the depth as
+    rows of H·W, any other over one image per output depth with the depth taps as channels;
+    the kernel is named conv3d and its store writes NCDHW."""
+    model = conv3d_model(*CONV3D_CASES[name])
+    mod = fuse(import_onnx(model), AVX2)
+    notes = _schedule_notes(mod)
+    assert "packed GEMM" in notes, notes
+    names = [g.name_hint for g, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert any("conv3d_gemm" in n for n in names), names  # not TOPI's conv3d
+    _check_stock(model, AVX2)
+
+
+@pytest.mark.parametrize("kernel, pads", [((3, 3, 3), (1, 1, 1)), ((1, 3, 3), (0, 1, 1)),
+                                          ((3, 1, 1), (1, 0, 0))],
+                         ids=["3x3x3", "1x3x3", "3x1x1"])
+def test_fold_conv3d(kernel, pads):
+    """The 2-D conv each 3-D conv is read as: a temporal k×1×1 conv keeps the batch and takes
+    the depth as rows of H·W; every other takes one image per output depth, the kd depth
+    taps as channels, and the 2-D kernel, stride and padding."""
+    fold, shape, kernel2, strides2, padding2, _ = fold_conv3d(
+        [2, 8, 5, 6, 7], kernel, (1, 1, 1), pads * 2, (1, 1, 1))
+    if kernel == (3, 1, 1):
+        assert fold.as_rows and shape == [2, 8, 5, 42] and kernel2 == (3, 1)
+        assert padding2 == (1, 0, 1, 0)
+    else:
+        assert not fold.as_rows and fold.out_d == 5
+        assert shape == [2 * 5, 8 * kernel[0], 6, 7] and kernel2 == kernel[1:]
+        assert strides2 == (1, 1) and padding2 == (1, 1, 1, 1)
+
+
+def test_conv3d_residual_block_folds_bias_add_and_relu_into_the_gemm():
+    """r3d_18's block tail: conv3d + bias + the block's input + ReLU is one kernel whose GEMM
+    stores through the whole epilogue (8-wide rows: every GEMM column is an output; with
+    columns computed and never stored, 2-D or 3-D, the epilogue is a loop of its own in the
+    same kernel)."""
+    model = conv3d_model(7, 7, (6, 9, 8), (3, 3, 3), (1, 1, 1), (1, 1, 1), residual=True)
+    mod = fuse(import_onnx(model), AVX2)
+    notes = _schedule_notes(mod)
+    assert "packed GEMM" in notes and "epilogue" in notes, notes
+    assert count_kernels(mod) == 1, count_kernels(mod)
+    _check_stock(model, AVX2)
+
+
+@pytest.mark.parametrize("name", ["3x3x3-pad", "1x3x3-stride122", "3x1x1-temporal",
+                                  "positions-as-rows"])
+def test_symbolic_batch_conv3d_as_packed_gemm(name):
+    c_in, _, size, *_ = CONV3D_CASES[name]
+    model = _symbolic(conv3d_model(*CONV3D_CASES[name]), 0)
+    notes = _schedule_notes(fuse(import_onnx(model), AVX2))
+    assert "packed GEMM" in notes, notes
+    if name != "positions-as-rows":
+        assert "one GEMM per image" in notes, notes
+    _check_sizes(model, AVX2, [(1, c_in, *size), (3, c_in, *size)])
+
+
+def test_grouped_conv3d_keeps_the_direct_conv():
+    model = conv3d_model(8, 8, (4, 6, 6), (3, 3, 3), (1, 1, 1), (1, 1, 1), groups=2)
+    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(model), AVX2))
+    _check_stock(model, AVX2)
+
+
+@pytest.mark.parametrize("target", [ZEN3, AARCH64], ids=["avx2", "aarch64"])
+def test_conv3d_gemm_keeps_its_accumulators_in_registers(target):
+    """Compile only, AArch64 included: the 3-D conv's GEMM is the 2-D conv's micro-kernel."""
+    if "aarch64" in str(target) and "aarch64" not in str(
+            tvm.target.codegen.llvm_get_targets()):
+        pytest.skip("LLVM built without the AArch64 backend")
+    loops = fma_loops(assembly(conv3d_model(16, 32, (4, 28, 28), (3, 3, 3), (1, 2, 2),
+                                            (1, 1, 1)), target))
+    assert loops and all(stack == 0 for _, _, stack in loops), loops

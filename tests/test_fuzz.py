@@ -10,6 +10,7 @@ or timed out.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import textwrap
 
@@ -145,6 +146,27 @@ def test_generator_draws_qdq_and_fp16_cases():
             kinds["fp16"] += 1
             onnx.checker.check_model(model, full_check=True)
     assert all(count >= 3 for count in kinds.values()), kinds
+
+
+def test_generator_draws_wide_convs():
+    """Convs whose reduction spans several K blocks of the packed GEMM (Zen 3: KC = 256; the
+    generic x86 target 448) and whose groups fill the micro-kernel: the int8-epilogue and
+    per-group GEMM paths the zoo's QDQ ResNet-18 and wav2vec2 found, reached by the fuzzer."""
+    kinds = {"deep": 0, "grouped": 0, "qdq": 0}
+    for seed in range(300):
+        model = draw_case(seed).model
+        weights = {t.name: list(t.dims) for t in model.graph.initializer}
+        weights.update({n.output[0]: weights[n.input[0]] for n in model.graph.node
+                        if n.op_type == "DequantizeLinear" and n.input[0] in weights})
+        for node in model.graph.node:
+            if node.op_type != "Conv" or node.input[1] not in weights:
+                continue
+            out_ch, per_group, *k = weights[node.input[1]]
+            if per_group * math.prod(k) >= 2 * 448:
+                kinds["deep"] += 1
+                kinds["grouped"] += any(a.name == "group" and a.i > 1 for a in node.attribute)
+                kinds["qdq"] += node.input[1] not in {t.name for t in model.graph.initializer}
+    assert kinds["deep"] >= 10 and kinds["grouped"] >= 2 and kinds["qdq"] >= 1, kinds
 
 
 def test_generator_draws_weight_only_quantized_matmuls():

@@ -26,6 +26,8 @@ from .differential import Case
 from .feeds import make_feeds
 
 OPSET = 18
+#: The most elements of one value: the generated graphs stay cheap to build and run.
+MAX_ELEMENTS = 4096
 IR_VERSION = 8
 FLOAT, INT64, FLOAT16, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.FLOAT16, \
     TensorProto.BOOL
@@ -147,7 +149,7 @@ class Builder(GraphBuilder):
             if not all(d.HasField("dim_value") for d in dims):
                 return None
             shape = tuple(d.dim_value for d in dims)
-            if math.prod(shape) > 4096 or math.prod(shape) == 0:
+            if math.prod(shape) > MAX_ELEMENTS or math.prod(shape) == 0:
                 return None
             infos[o] = (shape, vi.type.tensor_type.elem_type)
         self.nodes.append(node)
@@ -477,7 +479,10 @@ def emit_conv(b: Builder, t: str):
     rng = b.rng
     cin, spatial = sh[1], sh[2:]
     nd = len(spatial)
-    kind = _pick(rng, ["dense", "dense", "grouped", "depthwise", "transpose"])
+    kind = _pick(rng, ["dense", "dense", "grouped", "depthwise", "transpose", "wide",
+                        "wide"])
+    if kind == "wide":
+        return _emit_wide_conv(b, t)
     k = [int(_pick(rng, [1, 2, 3])) for _ in range(nd)]
     k = [min(kk, s) for kk, s in zip(k, spatial)]
     strides = [int(_pick(rng, [1, 1, 2])) for _ in range(nd)]
@@ -507,6 +512,30 @@ def emit_conv(b: Builder, t: str):
         inputs.append(b.const(0.1 * rng.standard_normal(cout)))
     return b.add1("Conv", inputs, kernel_shape=k, strides=strides, dilations=dil, pads=pads,
                   group=group)
+
+
+def _emit_wide_conv(b: Builder, t: str):
+    """A 1×1 Conv widening ``t`` to 48–1024 channels per group, then a k×k Conv (one or two
+    groups) whose reduction spans several of the packed GEMM's K blocks and whose groups fill
+    its micro-kernel: the paths small channel counts never reach (a QDQ conv's int8 epilogue
+    keeping float32 partial sums between K blocks; one GEMM per group), both found by the
+    zoo's QDQ ResNet-18 and wav2vec2, not by the fuzzer."""
+    rng = b.rng
+    batch, cin, *spatial = b.shape(t)
+    groups = int(_pick(rng, [1, 2]))
+    per_group = min(1024, MAX_ELEMENTS // (groups * batch * math.prod(spatial)) // 16 * 16)
+    if per_group < 48:
+        return None
+    wide = groups * per_group
+    w = rng.standard_normal((wide, cin, *[1] * len(spatial))) / cin ** 0.5
+    x = b.add1("Conv", [t, b.const(w)], kernel_shape=[1] * len(spatial))
+    if x is None:
+        return None
+    k = [3] * len(spatial)  # padded by 1: a 3-tap window even over a 1-wide axis
+    cout = groups * int(_pick(rng, [16, 32]))
+    w = rng.standard_normal((cout, per_group, *k)) / (per_group * math.prod(k)) ** 0.5
+    return b.add1("Conv", [x, b.const(w), b.const(0.1 * rng.standard_normal(cout))],
+                  kernel_shape=k, pads=[1] * 2 * len(k), group=groups)
 
 
 def emit_pool(b: Builder, t: str):

@@ -66,13 +66,30 @@ def should_pack(mod: tvm.IRModule, policy: str) -> tuple[bool, str]:
 
 def _legalize_packed(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     attrs = call.attrs
-    if str(attrs.data_layout) == "NCHW" or int(attrs.groups) != 1:
+    if str(attrs.data_layout) == "NCHW":
         return call  # the stock legaliser takes it
+    if int(attrs.groups) != 1:
+        return _grouped_as_nchw(bb, call)
     return bb.call_te(topi.nn.conv2d_NCHWc, call.args[0], call.args[1],
                       [int(s) for s in attrs.strides], [int(p) for p in attrs.padding],
                       [int(d) for d in attrs.dilation], str(attrs.data_layout),
                       str(attrs.out_layout), str(call.ty.dtype),
                       primfunc_name_hint="conv2d_NCHWc")
+
+
+def _grouped_as_nchw(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """A grouped conv ConvertLayout packed (it packs every conv whose channels per group the
+    block divides) computed in NCHW between two layout changes: 0.27's legaliser leaves a
+    packed grouped conv alone and VM codegen then fails ("cannot emit this Relax operator
+    directly"; found by the fuzzer's wide convs under ``conv_layout="NCHWc"``). The weight's
+    change is its own binding, which FoldConstant folds."""
+    attrs = call.attrs
+    data = bb.emit_te(topi.layout_transform, call.args[0], str(attrs.data_layout), "NCHW")
+    weight = bb.emit_te(topi.layout_transform, call.args[1], str(attrs.kernel_layout), "OIHW")
+    out = bb.emit_te(topi.nn.group_conv2d_nchw, data, weight,
+                     [int(s) for s in attrs.strides], [int(p) for p in attrs.padding],
+                     [int(d) for d in attrs.dilation], int(attrs.groups), str(call.ty.dtype))
+    return bb.call_te(topi.layout_transform, out, "NCHW", str(attrs.out_layout))
 
 
 def PackConvs(target: tvm.target.Target, policy: str = "auto",  # noqa: N802 (a TVM pass)

@@ -46,7 +46,10 @@ the same constant; with the positions as rows the images are more rows. A symbol
 count, height or width keeps the direct conv (its schedule handles symbolic maps). A 1-D (NCW)
 conv is the same GEMM on one row of height 1; a grouped conv whose groups are wide and long
 enough for the micro-kernel (wav2vec2's positional conv) is one such GEMM per group, on its
-channel range of the input (both with a static batch).
+channel range of the input (both with a static batch). A 3-D (NCDHW) conv is read as a 2-D
+conv of this GEMM (:func:`fold_conv3d`): a temporal ``kd×1×1`` conv over ``D`` rows of ``H·W``,
+any other over one image per output depth whose channels are the input's × the ``kd`` taps
+in depth.
 """
 
 from __future__ import annotations
@@ -66,6 +69,10 @@ PACKED_GEMM = "matmul_packed"
 
 def _dtype(expr) -> str:
     return str(expr.ty.dtype)
+
+
+def _i64(v) -> tirx.PrimExpr:
+    return tirx.const(v, "int64")
 
 
 def panel_width(n: int, params: CpuParams) -> int:
@@ -250,6 +257,129 @@ class _RowOfNcw:
         b, ci, _, iw = index
         return self.tensor[b, ci, iw]
 
+    @staticmethod
+    def store(gemm_value, batch, out_channels: int, plan: ConvGemm) -> te.Tensor:
+        """The NCW output, ``gemm_value(b, co, 0, ow)``."""
+        return te.compute((batch, _i64(out_channels), _i64(plan.out_w)),
+                          lambda b, co, ow: gemm_value(b, co, _i64(0), ow),
+                          name="conv1d_ncw_store")
+
+
+@dataclass(frozen=True)
+class DepthFold:
+    """How an NCDHW conv reads as the NCHW conv of the GEMM (:func:`fold_conv3d`).
+
+    ``as_rows``: a ``kd × 1 × 1`` conv with stride and padding in depth only (R(2+1)D's
+    temporal convs) is the 2-D conv of a ``kd × 1`` kernel over ``D`` rows of ``H·W``
+    (the input and output as they are, reshaped in place). Otherwise each output depth ``od``
+    is an image of its own, whose channels are the input's channels × the ``kd`` taps in
+    depth: image ``b·OD + od``, channel ``c·kd + q`` is the input's depth slice
+    ``od·sd + q·dd − front`` (zeros in the depth padding), and the conv is the 2-D conv of the
+    ``kh × kw`` kernel over those images, the weight flattened as it is (``c, q, r, s``)."""
+
+    kernel: int
+    stride: int
+    dilation: int
+    front: int
+    out_d: int
+    as_rows: bool
+
+    def view(self, x):
+        return _DepthAsRows(x) if self.as_rows else _DepthSlices(x, self)
+
+
+def fold_conv3d(shape: list[int], kernel: tuple[int, int, int], strides: tuple[int, int, int],
+                padding: tuple[int, ...], dilation: tuple[int, int, int]):
+    """An NCDHW conv over an input of ``shape`` as the NCHW conv that ``conv2d_gemm`` runs:
+    (its :class:`DepthFold`, then the 2-D input shape, kernel, strides, padding (top, left,
+    bottom, right) and dilation), or None for an empty output. ``padding``: front, top, left,
+    back, bottom, right."""
+    batch, channels, depth, height, width = shape
+    (kd, kh, kw), (sd, sh, sw), (dd, dh, dw) = kernel, strides, dilation
+    front, top, left, back, bottom, right = padding
+    out_d = (depth + front + back - dd * (kd - 1) - 1) // sd + 1
+    if out_d <= 0:
+        return None
+    if (kh, kw, sh, sw) == (1, 1, 1, 1) and not any((top, left, bottom, right)):
+        fold = DepthFold(kd, sd, dd, front, out_d, True)
+        return (fold, [batch, channels, depth, height * width], (kd, 1), (sd, 1),
+                (front, 0, back, 0), (dd, 1))
+    fold = DepthFold(kd, sd, dd, front, out_d, False)
+    return (fold, [batch * out_d, channels * kd, height, width], (kh, kw), (sh, sw),
+            (top, left, bottom, right), (dh, dw))
+
+
+class _DepthAsRows:
+    """An NCDHW tensor read as NCHW: the depth as the height, each ``H × W`` map one row."""
+
+    gathers = False  # a reshape: the GEMM's packing reads it as it reads the input
+
+    def __init__(self, x: te.Tensor):
+        self.tensor = x
+        self.dtype = x.dtype
+        self.width = x.shape[4]
+        self.shape = (x.shape[0], x.shape[1], x.shape[2], _i64(int(x.shape[3]) * int(
+            x.shape[4])))
+
+    def __getitem__(self, index):
+        b, ci, d, hw = index
+        return self.tensor[b, ci, d, tirx.floordiv(hw, self.width),
+                           tirx.floormod(hw, self.width)]
+
+    def store(self, gemm_value, batch, out_channels: int, plan: ConvGemm) -> te.Tensor:
+        """The NCDHW output, ``y[b, co, od, oh, ow] = gemm_value(b, co, od, oh·W + ow)``."""
+        height, width = int(self.tensor.shape[3]), int(self.width)
+        return te.compute(
+            (batch, _i64(out_channels), _i64(plan.out_h), _i64(height), _i64(width)),
+            lambda b, co, od, oh, ow: gemm_value(b, co, od, oh * _i64(width) + ow),
+            name="conv3d_ncdhw_store")
+
+
+class _DepthSlices:
+    """An NCDHW tensor read as NCHW images, one per output depth, with the ``kd`` depth taps
+    as channels (:class:`DepthFold`)."""
+
+    def __init__(self, x: te.Tensor, fold: DepthFold):
+        self.tensor, self.fold = x, fold
+        self.dtype = x.dtype
+        batch, channels, self.depth, height, width = x.shape
+        images = (_i64(int(batch) * fold.out_d) if isinstance(batch, tirx.IntImm)
+                  else batch * _i64(fold.out_d))
+        self.shape = (images, _i64(int(channels) * fold.kernel), height, width)
+        # reads outside the input (the depth padding) or more than one slice a channel: a
+        # gather the GEMM's packing should not do per value
+        self.gathers = fold.kernel > 1 or fold.front > 0 or (
+            (fold.out_d - 1) * fold.stride + (fold.kernel - 1) * fold.dilation
+            >= int(self.depth))
+
+    def __getitem__(self, index):
+        image, ci, ih, iw = index
+        fold = self.fold
+        b, od = tirx.floordiv(image, _i64(fold.out_d)), tirx.floormod(image, _i64(fold.out_d))
+        c, q = ci, _i64(0)
+        if fold.kernel > 1:
+            c, q = tirx.floordiv(ci, _i64(fold.kernel)), tirx.floormod(ci, _i64(fold.kernel))
+        d = od * _i64(fold.stride) + q * _i64(fold.dilation) - _i64(fold.front)
+        load = self.tensor[b, c, d, ih, iw]
+        if not self.gathers:
+            return load
+        inside = tirx.all(d >= _i64(0), d < self.depth)
+        return tirx.if_then_else(inside, load, tirx.const(0, self.dtype))
+
+    def store(self, gemm_value, batch, out_channels: int, plan: ConvGemm) -> te.Tensor:
+        """The NCDHW output, ``y[b, co, od, oh, ow] = gemm_value(b·OD + od, co, oh, ow)``."""
+        out_d = _i64(self.fold.out_d)
+        return te.compute(
+            (self.tensor.shape[0], _i64(out_channels), out_d, _i64(plan.out_h),
+             _i64(plan.out_w)),
+            lambda b, co, od, oh, ow: gemm_value(b * out_d + od, co, oh, ow),
+            name="conv3d_ncdhw_store")
+
+    def materialised(self) -> te.Tensor:
+        """The images as a tensor of their own (the depth's im2col), for a 2-D plan that
+        would read its input per value packed (no 2-D padding stage to gather into)."""
+        return te.compute(self.shape, lambda *index: self[index], name="conv3d_slices")
+
 
 class _ChannelRange:
     """Channels ``[start, start + count)`` of an NCHW / NCW tensor: one group's input of a
@@ -267,37 +397,38 @@ class _ChannelRange:
 
 
 def _store(gemm_value, batch: tirx.PrimExpr, out_channels: int, plan: ConvGemm,
-           one_d: bool) -> te.Tensor:
-    """The conv's NCHW (NCW for a 1-D conv) output, ``gemm_value(b, co, oh, ow)``; ``batch``
-    may be symbolic."""
-    def c(v):
-        return tirx.const(v, "int64")
-
-    if one_d:
-        return te.compute((batch, c(out_channels), c(plan.out_w)),
-                          lambda b, co, ow: gemm_value(b, co, c(0), ow),
-                          name="conv1d_ncw_store")
-    return te.compute((batch, c(out_channels), c(plan.out_h), c(plan.out_w)), gemm_value,
-                      name="conv2d_nchw_store")
+           view=None) -> te.Tensor:
+    """The conv's NCHW output, ``gemm_value(b, co, oh, ow)``, or the one of the tensor that
+    ``view`` reads as NCHW (NCW, NCDHW: its ``store``); ``batch`` may be symbolic."""
+    if view is not None:
+        return view.store(gemm_value, batch, out_channels, plan)
+    return te.compute((batch, _i64(out_channels), _i64(plan.out_h), _i64(plan.out_w)),
+                      gemm_value, name="conv2d_nchw_store")
 
 
 def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
-                channels: tuple[int, int] | None = None) -> te.Tensor:
+                channels: tuple[int, int] | None = None,
+                depth: DepthFold | None = None) -> te.Tensor:
     """NCHW ``conv2d(x, W)`` as the packed GEMM (module docstring): ``w`` is ``W[N, C·kh·kw]``
     (the A operand). ``x``'s channels and map must be static; a symbolic batch runs ``plan``
     (one image's) once per image: every stage gets a leading batch axis, the GEMM is
     ``C[b, co, p]`` over one image's columns, and its schedule loops over the images
     around the per-image nest (``tir_schedules/cpu_gemm.py``). A 3-D (NCW) ``x`` is a 1-D
-    conv, planned as one row of height 1 (kernel ``1 × kw``), with an NCW output.
-    ``channels`` (start, count): the conv of those input channels only (one group of a
-    grouped conv)."""
-    one_d = len(x.shape) == 3
+    conv, planned as one row of height 1 (kernel ``1 × kw``), with an NCW output; a 5-D
+    (NCDHW) ``x`` is a 3-D conv read as the 2-D conv that ``depth`` describes
+    (:func:`fold_conv3d`), with an NCDHW output. ``channels`` (start, count): the conv of those
+    input channels only (one group of a grouped conv)."""
+    view = None
     if channels is not None:
         x = _ChannelRange(x, *channels)
-    if one_d:
-        x = _RowOfNcw(x)
+    if len(x.shape) == 3:
+        x = view = _RowOfNcw(x)
+    elif depth is not None:
+        x = view = depth.view(x)
+        if view.gathers and not any(plan.padding):
+            x = view.materialised()  # no padding stage of the 2-D plan reads the view
     if plan.positions_as_rows:  # the batch is a row dimension of this form
-        return _conv2d_gemm_by_positions(x, w, plan, one_d)
+        return _conv2d_gemm_by_positions(x, w, plan, view)
     batch = x.shape[0]
     per_image = not isinstance(batch, tirx.IntImm)
     images = 1 if per_image else int(batch)
@@ -408,13 +539,13 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
         PACKED_GEMM)
     if per_image:
         return _store(lambda b, co, oh, ow: gemm[b, co, oh * c(row) + ow], batch,
-                      out_channels, plan, one_d)
+                      out_channels, plan, view)
     return _store(lambda b, co, oh, ow: gemm[co, b * c(plan.image) + oh * c(row) + ow],
-                  c(images), out_channels, plan, one_d)
+                  c(images), out_channels, plan, view)
 
 
 def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm,
-                              one_d: bool = False) -> te.Tensor:
+                              view=None) -> te.Tensor:
     """The conv with the output positions as rows: ``C[b, oh, ow, co] = Σ_k A · Bp`` where A
     reads the input through the window (copied once, row-major, by the GEMM nest) and ``bp``
     is ``W[N, K]`` packed as a transposed weight; the NCHW store is folded into the write-back."""
@@ -452,7 +583,7 @@ def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm,
         return te.sum(load * bp[tirx.floordiv(j, c(nr)), k, tirx.floormod(j, c(nr))], axis=k)
 
     gemm = te.compute((batch, c(plan.out_h), c(plan.out_w), c(n)), value, name=PACKED_GEMM)
-    return _store(lambda b, j, oh, ow: gemm[b, oh, ow, j], batch, n, plan, one_d)
+    return _store(lambda b, j, oh, ow: gemm[b, oh, ow, j], batch, n, plan, view)
 
 
 @dataclass(frozen=True)
@@ -599,14 +730,19 @@ class _Packer(relax.PyExprMutator):
         return expr if isinstance(expr, GenericConst) else None
 
     def _conv(self, call: relax.Call) -> relax.Expr:
-        """A dense NCHW conv (or NCW 1-D conv, as one row of height 1) with a constant weight
-        as the packed GEMM, else ``call``."""
+        """A dense NCHW conv (or NCW 1-D conv, as one row of height 1; an NCDHW 3-D conv, as
+        the 2-D conv of :func:`fold_conv3d`) with a constant weight as the packed GEMM, else
+        ``call``."""
         attrs = call.attrs
         x, w = call.args
         weight = self._constant(w)
         one_d = call.op.name == "relax.nn.conv1d"
-        layouts = ("NCW", "OIW", "NCW") if one_d else ("NCHW", "OIHW", "NCHW")
+        three_d = call.op.name == "relax.nn.conv3d"
+        layouts = (("NCW", "OIW", "NCW") if one_d else ("NCDHW", "OIDHW", "NCDHW") if three_d
+                   else ("NCHW", "OIHW", "NCHW"))
         groups = int(attrs.groups)
+        if three_d and groups != 1:
+            return call  # grouped 3-D convs: the direct conv, for now
         if (weight is None
                 or (str(attrs.data_layout), str(attrs.kernel_layout),
                     str(attrs.out_layout)) != layouts
@@ -622,6 +758,7 @@ class _Packer(relax.PyExprMutator):
         if not isinstance(shape[0], tirx.IntImm) and (one_d or groups > 1):
             return call  # a symbolic batch: 2-D convs without groups only, for now
         # a symbolic batch: the plan of one image, repeated per image (conv2d_gemm)
+        per_image = not isinstance(shape[0], tirx.IntImm)
         shape = [int(d) if isinstance(d, tirx.IntImm) else 1 for d in shape]
         w_np = weight.value.numpy()
         padding = [int(p) for p in attrs.padding]
@@ -632,6 +769,17 @@ class _Packer(relax.PyExprMutator):
             w_np = w_np[:, :, None, :]
             left, right = padding if len(padding) == 2 else padding * 2
             padding, strides, dilation = [0, left, 0, right], (1, *strides), (1, *dilation)
+        depth = None
+        if three_d:
+            if len(padding) == 3:
+                padding = padding * 2
+            folded = fold_conv3d(shape, w_np.shape[2:], strides, tuple(padding), dilation)
+            if folded is None or 0 in w_np.shape:
+                return call
+            depth, shape, kernel, strides, padding, dilation = folded
+            shape = [1 if per_image else shape[0], *shape[1:]]  # per image: one 2-D image
+            w_np = w_np.reshape(w_np.shape[0], shape[1], *kernel)  # (c, q) as the channels
+            padding = list(padding)
         n, channels, kh, kw = w_np.shape
         if channels * groups != shape[1] or 0 in w_np.shape or n % groups:
             return call
@@ -659,8 +807,8 @@ class _Packer(relax.PyExprMutator):
             w2 = relax.const(pack_weight(w2, plan.nr, True) if plan.positions_as_rows else w2)
             part = (None if groups == 1 else (g * channels, channels))
             conv = self.builder_.call_te(
-                lambda data, weights, part=part: conv2d_gemm(data, weights, plan, part), x, w2,
-                primfunc_name_hint="conv2d_gemm")
+                lambda data, weights, part=part: conv2d_gemm(data, weights, plan, part, depth),
+                x, w2, primfunc_name_hint="conv3d_gemm" if three_d else "conv2d_gemm")
             if groups == 1:
                 return conv
             outputs.append(self.builder_.emit(conv))
@@ -712,7 +860,8 @@ class _Packer(relax.PyExprMutator):
         call = self.visit_expr_post_order(call)
         if getattr(call.op, "name", "") == "relax.nn.conv2d_transpose" and self.convs:
             return self._conv_transpose(call)
-        if getattr(call.op, "name", "") in ("relax.nn.conv2d", "relax.nn.conv1d") and self.convs:
+        if getattr(call.op, "name", "") in ("relax.nn.conv2d", "relax.nn.conv1d",
+                                            "relax.nn.conv3d") and self.convs:
             return self._conv(call)
         if getattr(call.op, "name", "") != "relax.matmul" or len(call.args) != 2:
             return call
@@ -786,6 +935,6 @@ def PackMatmulWeights(target: tvm.target.Target,  # noqa: N802 (a pass)
     return _pack
 
 
-__all__ = ["PACKED_GEMM", "ConvGemm", "PackMatmulWeights", "TransposedConv", "conv2d_gemm",
-           "conv2d_transpose_gemm", "pack_weight", "packed_matmul", "panel_width",
-           "plan_conv_gemm"]
+__all__ = ["PACKED_GEMM", "ConvGemm", "DepthFold", "PackMatmulWeights", "TransposedConv",
+           "conv2d_gemm", "conv2d_transpose_gemm", "fold_conv3d", "pack_weight",
+           "packed_matmul", "panel_width", "plan_conv_gemm"]

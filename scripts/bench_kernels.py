@@ -53,6 +53,7 @@ from tvm import relax  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
 
 from tvm_fusion.compile import compile_model, import_onnx  # noqa: E402
+from tvm_fusion.models.precision import cast_model  # noqa: E402
 from tvm_fusion.target import host_cpu  # noqa: E402
 from tvm_fusion.tir_schedules.cpu_target import cpu_params  # noqa: E402
 
@@ -111,6 +112,9 @@ CONV_SHAPES = (
     ("mnv2-3x3s2-3>32@224", 3, 32, 224, 224, 3, 2, 1, 1, 1),
     ("mnv2-dw3x3-144@56", 144, 144, 56, 56, 3, 1, 1, 1, 144),
     ("mnv2-dw3x3s2-96@112", 96, 96, 112, 112, 3, 2, 1, 1, 96),
+    ("mnv2-dw3x3s2-144@56", 144, 144, 56, 56, 3, 2, 1, 1, 144),
+    ("effb0-dw5x5s2-240@28", 240, 240, 28, 28, 5, 2, 2, 1, 240),
+    ("odd-dw3x3s2-37@29", 37, 37, 29, 29, 3, 2, 1, 1, 37),
     ("mnv2-1x1-144>24@56", 144, 24, 56, 56, 1, 1, 0, 1, 1),
     ("mnv2-1x1-320>1280@7", 320, 1280, 7, 7, 1, 1, 0, 1, 1),
     ("cnxt-4x4s4-3>96@224", 3, 96, 224, 224, 4, 4, 0, 1, 1),
@@ -397,7 +401,8 @@ def run_case(case: Case, target: tvm.target.Target, seconds: float, options: dic
     def runner(exe):
         vm = relax.VirtualMachine(exe, tvm.cpu())
         got = vm["main"](*args).numpy()
-        err = float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-30))
+        got, want = got.astype("float64"), expected.astype("float64")
+        err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
         return (lambda: vm["main"](*args)), err
 
     ours_call, err = runner(executable)
@@ -421,6 +426,16 @@ def run_case(case: Case, target: tvm.target.Target, seconds: float, options: dic
         row["stock_ms"] = statistics.median(times[2]) * 1e3
         row["stock_rel_err"] = stock_err
     return row
+
+
+def in_dtype(case: Case, dtype: str) -> Case:
+    """``case`` with its model, weights and inputs in ``dtype`` (``--dtype float16``: storage
+    half the bytes; the FLOPs are the same)."""
+    if dtype == "float32":
+        return case
+    feeds = {name: value.astype(dtype) for name, value in case.feeds.items()}
+    return Case(case.name, case.family, cast_model(case.model, dtype), feeds, case.flop,
+                case.bytes_read / 2, case.bandwidth_bound, case.shape)
 
 
 def describe(row: dict, peak: float, bandwidth: float) -> dict:
@@ -518,6 +533,9 @@ def main(argv=None) -> int:
                         "shared machine: only the time the thread ran)")
     parser.add_argument("--stock", action="store_true",
                         help="also time stock FuseOps with our schedules (tvm-fuseops-sched)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16"),
+                        help="the operators' dtype (float16: ONNX Runtime inserts Casts to "
+                             "float32 on x86)")
     parser.add_argument("--out", default="out/kernels")
     args = parser.parse_args(argv)
     unknown = [f for f in args.families.split(",") if f not in FAMILIES]
@@ -557,7 +575,7 @@ def main(argv=None) -> int:
         cases.append(_Lazy(matmul_case, tuple(map(int, shape))))
     rows = []
     for lazy in cases:
-        case = lazy.build() if isinstance(lazy, _Lazy) else lazy
+        case = in_dtype(lazy.build() if isinstance(lazy, _Lazy) else lazy, args.dtype)
         row = describe(run_case(case, target, args.seconds, options, args.stock), peak,
                        bandwidth)
         rows.append(row)

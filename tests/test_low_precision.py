@@ -3,10 +3,11 @@ working, with the numbers of stock TVM.
 
 Stock TVM 0.27 legalises an fp16 (bf16) MatMul or Conv with an fp16 (bf16) accumulator on
 every target (``out_dtype`` unset: the sum is of the input type); LLVM computes each fp16 add
-in fp32 and rounds it back. tvm_fusion keeps the legalised types, so it accumulates as stock
-does; ONNX Runtime accumulates in fp32, so both differ from it by the fp16 accumulation error,
-and a tvm_fusion output passes when its error is within the dtype's tolerance or no larger than
-stock TVM's own (:func:`tvm_fusion.numerics.check_outputs`).
+in fp32 and rounds it back. On a CPU without fp16 arithmetic tvm_fusion sums them in float32
+(``relay_passes/accumulate.py``, tests/test_transform_accumulate_in_float32.py), as ONNX
+Runtime does, so its error against ONNX Runtime is at most stock TVM's; a tvm_fusion output
+passes when its error is within the dtype's tolerance or no larger than stock TVM's own
+(:func:`tvm_fusion.numerics.check_outputs`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from tvm_fusion.feeds import random_inputs
 from tvm_fusion.models.builtin import transformer_encoder_layer
 from tvm_fusion.models.precision import cast_model, round_to
 from tvm_fusion.models.quantized import conv_net, matmul_net
-from tvm_fusion.numerics import check_outputs, onnx_reference
+from tvm_fusion.numerics import check_outputs, max_abs_error, onnx_reference
 from tvm_fusion.target import host_target
 from tvm_fusion.tir_schedules.cpu_target import CpuParams, cpu_params
 from tvm_fusion.tir_schedules.fast_math import fast_math
@@ -50,8 +51,8 @@ def test_fp16_model_matches_onnxruntime_and_stock(build, stock_kernels, ours_ker
     ours, stock, ref, mod = _three_ways(model)
     assert ours[0].dtype == np.float16
     check_outputs(ours, stock, ref)  # raises naming the output when out of tolerance
-    if build is conv_net:  # same fp16 accumulation, same reduction order: bit-identical
-        np.testing.assert_array_equal(ours[0], stock[0])
+    # float32 sums (stock's are fp16): never further from ONNX Runtime than stock
+    assert max_abs_error(ours, ref) <= max_abs_error(stock, ref)
     assert count_kernels(fuse(mod, TARGET, strategy="tvm", schedule=False)) == stock_kernels
     assert count_kernels(fuse(mod, TARGET, schedule=False)) == ours_kernels
 
@@ -120,12 +121,16 @@ def test_lanes_follow_the_dtype():
 
 
 def test_fp16_matmul_tile_uses_fp16_lanes():
+    """With fp16 arithmetic (AVX512-FP16) the matmul sums in fp16, in registers of 32 fp16
+    lanes: the 64-column one in two (without it, it sums in float32:
+    test_transform_accumulate_in_float32.py)."""
     model = cast_model(matmul_net(), "float16")
-    fused = fuse(import_onnx(model), tvm.target.Target({"kind": "llvm", "mcpu": "znver3"}))
+    fused = fuse(import_onnx(model), tvm.target.Target({"kind": "llvm",
+                                                         "mcpu": "sapphirerapids"}))
     notes = [str(n) for f in fused.functions.values() if isinstance(f, tvm.tirx.PrimFunc)
              for n in (f.attrs or {}).get(SCHEDULE_ATTR, [])]
     tiles = [n for n in notes if "tile matmul" in n]
-    assert tiles and all("×16 lanes" in n or "×32 lanes" in n for n in tiles), tiles
+    assert any("×64 lanes" in n for n in tiles), tiles
 
 
 def test_fast_math_leaves_fp16_alone():

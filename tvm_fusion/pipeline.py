@@ -2,8 +2,9 @@
 
 A build runs four phases; each function below returns one of them for a target::
 
-    graph      graph_phase      rewriting → Gather index clamping → [CPU: GEMM weight
-                                packing] → conv packing → TVM's legalisation → SmartMem's
+    graph      graph_phase      rewriting → Gather index clamping → [CPU: fp16 sums in
+                                fp32 → GEMM weight packing] → conv packing →
+                                TVM's legalisation → SmartMem's
                                 elimination → mapping types → planning (DNNFusion, Apollo
                                 or stock FuseOps) → FuseTIR →
                                 [CPU: ScheduleFusedBlocks → DNNFusion: the fusion guard]
@@ -39,6 +40,7 @@ from .layout.smartmem import EliminateLayoutTransforms
 from .layout.texture import AnnotateTextureScopes, ScheduleTextureKernels, wants_texture
 from .layout.texture_lower import LowerTextures
 from .options import Options
+from .relay_passes.accumulate import AccumulateInFloat32, widened_legalizations
 from .relay_passes.apollo.feedback import ApolloFuse, Blocklist
 from .relay_passes.apollo.partition import ApolloOptions
 from .relay_passes.compound_extents import BindCompoundExtents
@@ -71,11 +73,13 @@ def backend_of(target: tvm.target.Target) -> str:
 
 def legalize_passes(target: tvm.target.Target) -> list:
     """Stock TVM's steps before fusion: library dispatch (sort/scan lowered to TIR for the
-    target), inference-mode decomposition (batch norm becomes scale and shift), legalisation,
-    TVM's op patterns (read by the ``"tvm"`` strategy), constant folding and binding clean-up."""
+    target), inference-mode decomposition (batch norm becomes scale and shift), legalisation
+    (on a CPU without fp16 arithmetic, fp16 reductions summed in float32:
+    ``relay_passes/accumulate.py``), TVM's op patterns (read by the ``"tvm"`` strategy),
+    constant folding and binding clean-up."""
     return relax.pipeline.library_dispatch_passes(target) + [
         relax.transform.DecomposeOpsForInference(),
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(widened_legalizations(target) or None),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.CanonicalizeBindings(),  # tuple-then-get-item (from decompositions)
@@ -104,6 +108,12 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
                                               rewriting.allow_fp_reassociation))
     if ours:  # Gather indices from the inputs: clamped, never read outside the data
         passes.append(ClampTakeIndices())
+    if target.kind.name == "llvm":
+        # fp16/bf16 convs and matmuls sum in float32 where the CPU has no 16-bit arithmetic:
+        # every strategy ("tvm" included, like the packing), so that a kernel is the same
+        # whatever the grouping; after the rewriting (its algebra is the model's, in the
+        # model's types), before the packing, which takes the float32 sums
+        passes.append(AccumulateInFloat32(target))
     if pack:
         # every strategy our CPU schedules run for ("tvm" included: the baseline of every
         # benchmark), so that a GEMM is the same kernel whatever the grouping; before the

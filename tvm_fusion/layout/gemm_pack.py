@@ -65,10 +65,31 @@ from ..tir_schedules.cpu_target import CpuParams, cpu_params
 from .weight_quant import QuantizedWeight, pack_columns, quantized_weight
 
 PACKED_GEMM = "matmul_packed"
+# 16-bit float operands summed in float32 (``out_dtype="float32"``, as
+# relay_passes/accumulate.py sets it where the CPU has no fp16 arithmetic): the weight is
+# widened to float32 when packed, the activation as it is read
+_HALF = ("float16", "bfloat16")
+_UNSET = ("", "void", "None")
 
 
 def _dtype(expr) -> str:
     return str(expr.ty.dtype)
+
+
+def _sums_in_float32(x_dtype: str, w_dtype: str, out_dtype) -> bool:
+    """The packed GEMM computes this call: float32 operands summed in float32, or 16-bit float
+    operands of one type with ``out_dtype`` float32."""
+    out_dtype = str(out_dtype)
+    if x_dtype == w_dtype == "float32":
+        return out_dtype in (*_UNSET, "float32")
+    return x_dtype == w_dtype and x_dtype in _HALF and out_dtype == "float32"
+
+
+def _widen(value: tirx.PrimExpr) -> tirx.PrimExpr:
+    """``value`` as float32 (a 16-bit activation read by the float32 GEMM)."""
+    if isinstance(value, te.tensor.TensorSlice):  # x[...] of a placeholder
+        value = value.asobject()
+    return value if str(value.ty.dtype) == "float32" else value.astype("float32")
 
 
 def _i64(v) -> tirx.PrimExpr:
@@ -105,7 +126,7 @@ def packed_matmul(x: te.Tensor, bp: te.Tensor, n: int, zp: te.Tensor | None = No
                 b = b - (zp[panel, lane] if len(zp.shape) == 2 else zp[panel, kb, lane])
             if scale is not None:
                 b = b * scale[panel, kb, lane]
-        return te.sum(x[(*idx[:-1], k)] * b, axis=k)
+        return te.sum(_widen(x[(*idx[:-1], k)]) * b, axis=k)
 
     return te.compute((*x.shape[:-1], tirx.const(n, "int64")), value, name=PACKED_GEMM)
 
@@ -530,7 +551,8 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
                            block * c(nr) + lane + tirx.floordiv(offset, c(sw))]
             return src[b, ci, ih, (block * c(nr) + lane) + s * c(dw)]
 
-    panels = stage((c(-(-columns // nr)), c(k_total), c(nr)), pack, "conv2d_im2col")
+    panels = stage((c(-(-columns // nr)), c(k_total), c(nr)),
+                   lambda *index: _widen(pack(*index)), "conv2d_im2col")
     k = te.reduce_axis((0, c(k_total)), name="k")
     gemm = stage(
         (c(out_channels), c(columns)),
@@ -579,7 +601,7 @@ def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm,
         ci = tirx.floordiv(k, c(kh * kw))
         r = tirx.floormod(tirx.floordiv(k, c(kw)), c(kh))
         s = tirx.floormod(k, c(kw))
-        load = src[b, ci, oh * c(sh) + r * c(dh), ow * c(sw) + s * c(dw)]
+        load = _widen(src[b, ci, oh * c(sh) + r * c(dh), ow * c(sw) + s * c(dw)])
         return te.sum(load * bp[tirx.floordiv(j, c(nr)), k, tirx.floormod(j, c(nr))], axis=k)
 
     gemm = te.compute((batch, c(plan.out_h), c(plan.out_w), c(n)), value, name=PACKED_GEMM)
@@ -719,7 +741,7 @@ class _Packer(relax.PyExprMutator):
         if not isinstance(expr, GenericConst):
             return None, False
         shape = [int(s) for s in expr.ty.shape]
-        if len(shape) != 2 or str(expr.ty.dtype) != "float32" or 0 in shape:
+        if len(shape) != 2 or str(expr.ty.dtype) not in ("float32", *_HALF) or 0 in shape:
             return None, False
         return expr, transposed
 
@@ -746,9 +768,8 @@ class _Packer(relax.PyExprMutator):
         if (weight is None
                 or (str(attrs.data_layout), str(attrs.kernel_layout),
                     str(attrs.out_layout)) != layouts
-                or str(attrs.out_dtype) not in ("", "void", "None", "float32")
-                or str(getattr(x.ty, "dtype", "")) != "float32"
-                or str(weight.ty.dtype) != "float32"):
+                or not _sums_in_float32(str(getattr(x.ty, "dtype", "")),
+                                        str(weight.ty.dtype), attrs.out_dtype)):
             return call
         shape = getattr(x.ty, "shape", None)
         shape = None if shape is None else list(shape)
@@ -760,7 +781,7 @@ class _Packer(relax.PyExprMutator):
         # a symbolic batch: the plan of one image, repeated per image (conv2d_gemm)
         per_image = not isinstance(shape[0], tirx.IntImm)
         shape = [int(d) if isinstance(d, tirx.IntImm) else 1 for d in shape]
-        w_np = weight.value.numpy()
+        w_np = weight.value.numpy().astype(np.float32)  # 16-bit weights widened once, here
         padding = [int(p) for p in attrs.padding]
         strides = tuple(int(s) for s in attrs.strides)
         dilation = tuple(int(d) for d in attrs.dilation)
@@ -866,11 +887,9 @@ class _Packer(relax.PyExprMutator):
         if getattr(call.op, "name", "") != "relax.matmul" or len(call.args) != 2:
             return call
         x, b = call.args
-        out_dtype = getattr(call.attrs, "out_dtype", None)
-        if out_dtype is not None and str(out_dtype) not in ("", "void", "float32"):
-            return call
         x_ty = x.ty
-        if str(getattr(x_ty, "dtype", "")) != "float32" or getattr(x_ty, "shape", None) is None:
+        x_dtype = str(getattr(x_ty, "dtype", ""))
+        if x_dtype not in ("float32", *_HALF) or getattr(x_ty, "shape", None) is None:
             return call
         if len(x_ty.shape) < 1:
             return call
@@ -880,7 +899,11 @@ class _Packer(relax.PyExprMutator):
         quantized = isinstance(weight, QuantizedWeight)
         if self.quantized_only and not quantized:
             return call
-        data = weight.q if quantized else weight.value.numpy()
+        w_dtype = "float32" if quantized else str(weight.ty.dtype)
+        if not _sums_in_float32(x_dtype, w_dtype, call.attrs.out_dtype):
+            return call
+        # 16-bit float weights widened to float32 once, here
+        data = weight.q if quantized else weight.value.numpy().astype(np.float32)
         rows, cols = data.shape
         n, k = (rows, cols) if transposed else (cols, rows)
         x_k = x_ty.shape[-1]

@@ -425,7 +425,9 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
             tables = [tirx.DeclBuffer(flat, data=data), tirx.AllocBuffer(offsets), tirx.For(
                 k_var, _I0, tirx.const(k, "int64"), tirx.ForKind.SERIAL,
                 tirx.BufferStore(offsets, k_part(k_var), [k_var]))]
-            value = tirx.BufferLoad(flat, [row_part(m_var) + tirx.BufferLoad(offsets, [k_var])])
+            load = tirx.BufferLoad(flat, [row_part(m_var) + tirx.BufferLoad(offsets, [k_var])])
+            dtype = str(value.ty.dtype)  # a cast of the gathered load stays one
+            value = load if str(load.ty.dtype) == dtype else tirx.Cast(dtype, load)
         fill = tirx.For(m_var, _I0, rows, kind, tirx.For(
             k_var, _I0, tirx.const(k, "int64"), tirx.ForKind.SERIAL,
             tirx.BufferStore(copy, value, [m_var, k_var])))

@@ -101,6 +101,16 @@ class CpuParams:
             return self
         return replace(self, lanes=lanes, registers=registers)
 
+    def accumulates(self, dtype) -> str:
+        """The dtype a conv or matmul over ``dtype`` operands should sum in: its own where the
+        vector unit computes in it, float32 for a 16-bit float it has no arithmetic for (fp16
+        without AVX512-FP16 / ARMv8.2 FP16, bf16 everywhere): there LLVM would convert every
+        fp16 multiply-add to fp32 and round it back, and a sum of many fp16 terms loses digits."""
+        dtype = str(dtype)
+        if dtype in _FLOAT16 and not (self.native_fp16 and dtype == "float16"):
+            return "float32"
+        return dtype
+
     def gemm_tile(self, nr: int | None = None, widened: bool = False,
                   block_scales: bool = False) -> tuple[int, int]:
         """(MR, NR) of the GEMM micro-kernel; with ``nr`` (a narrower packed panel, for an N

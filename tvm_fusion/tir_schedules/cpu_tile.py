@@ -404,10 +404,15 @@ def deinterleave_strided(sch: s_tir.Schedule, block_rv, facts: BlockFacts,
             else:
                 continue
             rank = len(region.source.shape)
-            sch.transform_layout(target, ("write", 0), tvm.tirx.IndexMap.from_func(
-                lambda *i: (*i[:-1], i[-1] % 2, i[-1] // 2), ndim=rank))
+            split = tvm.tirx.IndexMap.from_func(
+                lambda *i: (*i[:-1], i[-1] % 2, i[-1] // 2), ndim=rank)
+            sch.transform_layout(target, ("write", 0), split)
         except s_tir.ScheduleError:
             continue
+        try:  # iterate the copy in the new layout: contiguous stores, no % and // per element
+            sch.transform_block_layout(target, split)
+        except s_tir.ScheduleError:
+            pass
         notes.append(f"{sch.get(target).name_hint}: stride-2 input split into even/odd "
                      f"columns for contiguous vector loads")
         buffer = sch.get(target).writes[0].source.name

@@ -106,6 +106,11 @@ class Gemm:
     pack_b: PackB | None = None
 
 
+def _as_f32(value) -> tvm.ir.Expr:
+    """``value`` in float32: a gathered 16-bit activation is widened as it is packed."""
+    return value if str(value.ty.dtype) == _F32 else tirx.Cast(_F32, value)
+
+
 def _i64(value) -> tvm.ir.Expr:
     return tirx.const(value, "int64") if isinstance(value, int) else value
 
@@ -296,8 +301,8 @@ class _Emitter:
                     if self.gather is None:
                         return self.g.pack_b(panel, k, lane)
                     flat, col_part, _ = self.gather
-                    return tirx.BufferLoad(flat, [col_part(panel) + tirx.BufferLoad(
-                        self.k_offsets, [k]) + lane])
+                    return _as_f32(tirx.BufferLoad(flat, [col_part(panel) + tirx.BufferLoad(
+                        self.k_offsets, [k]) + lane]))
 
                 def pack_panel(kk, jr):
                     body = _loop("lane", nr, lambda lane: tirx.BufferStore(
@@ -459,7 +464,10 @@ def split_gather(value, outer: tirx.Var, k: tirx.Var, lane: tirx.Var | None = No
     ``src[outer_part(outer) + k_part(k) (+ lane)]`` from a flat view of ``src``: when it is
     one load from a buffer of static shape whose flat index is a sum of terms each of which
     uses one of them (``lane`` a term of its own). Returns (the flat view, outer_part,
-    k_part, src's data), or None."""
+    k_part, src's data), or None. A cast of such a load (a 16-bit activation read as float32)
+    is its load's gather: the flat view has the source's dtype, the caller casts its loads."""
+    if isinstance(value, tirx.Cast):
+        value = value.value
     if not isinstance(value, TensorLoad):
         return None
     src = value.source

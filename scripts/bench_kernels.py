@@ -19,9 +19,10 @@ The peak and the bandwidth are measured here when not given: a TIR loop of 12 in
 vector FMA chains, and a vector sum over 256 MiB (the method of shared/tools/cpu-peak).
 
 ``--families conv`` (or ``matmul,conv``) is the conv sweep (:data:`CONV_SHAPES`: single Conv
-operators with bias from ResNet-50, MobileNetV2, ConvNeXt-T, the SD U-Net block and YOLOv8n,
-plus grouped, dilated and odd-channel ones; :data:`CONV3D_SHAPES`: the 3-D convs of r3d_18 and
-r2plus1d_18; ``--only`` takes their names). ``--stock`` also
+operators with bias from ResNet-50, MobileNetV2, ConvNeXt-T, the SD U-Net block, YOLOv8n and
+the U-Net, plus grouped, dilated and odd-channel ones; :data:`CONV_TRANSPOSE_SHAPES`:
+ConvTranspose; :data:`CONV3D_SHAPES`: the 3-D convs of r3d_18 and r2plus1d_18; ``--only``
+takes their names). ``--stock`` also
 builds each shape through stock FuseOps with our CPU schedules (the ``tvm-fuseops-sched``
 variant: no conv packing) and times it in the same loop.
 """
@@ -107,6 +108,7 @@ CONV_SHAPES = (
     ("r50-1x1-1024>256@14", 1024, 256, 14, 14, 1, 1, 0, 1, 1),
     ("r50-1x1s2-512>1024@28", 512, 1024, 28, 28, 1, 2, 0, 1, 1),
     ("r50-3x3-512>512@7", 512, 512, 7, 7, 3, 1, 1, 1, 1),
+    ("r50-3x3-256>256@14", 256, 256, 14, 14, 3, 1, 1, 1, 1),
     ("mnv2-3x3s2-3>32@224", 3, 32, 224, 224, 3, 2, 1, 1, 1),
     ("mnv2-dw3x3-144@56", 144, 144, 56, 56, 3, 1, 1, 1, 144),
     ("mnv2-dw3x3s2-96@112", 96, 96, 112, 112, 3, 2, 1, 1, 96),
@@ -132,6 +134,27 @@ CONV_SHAPES = (
     ("w2v-1d-k3s2-512>512@3199", 512, 512, 0, 3199, 3, 2, 0, 1, 1),
     ("w2v-1d-k2s2-512>512@99", 512, 512, 0, 99, 2, 2, 0, 1, 1),
     ("w2v-1d-pos-k128g16-768@49", 768, 768, 0, 49, 128, 1, 64, 1, 16),
+    # the U-Net's (models/unet.onnx) large maps with few channels, and its deepest level
+    ("unet-3x3-64>64@256", 64, 64, 256, 256, 3, 1, 1, 1, 1),
+    ("unet-3x3-128>64@256", 128, 64, 256, 256, 3, 1, 1, 1, 1),
+    ("unet-3x3-128>128@128", 128, 128, 128, 128, 3, 1, 1, 1, 1),
+    ("unet-3x3-1024>1024@16", 1024, 1024, 16, 16, 3, 1, 1, 1, 1),
+    # RegNetY-400MF: 1×1 convs on small maps, 3×3 convs of 8-channel groups
+    ("regnet-1x1-208>208@14", 208, 208, 14, 14, 1, 1, 0, 1, 1),
+    ("regnet-1x1-440>440@7", 440, 440, 7, 7, 1, 1, 0, 1, 1),
+    ("regnet-g6-3x3s2-48@112", 48, 48, 112, 112, 3, 2, 1, 1, 6),
+    ("regnet-g26-3x3-208@14", 208, 208, 14, 14, 3, 1, 1, 1, 26),
+    ("regnet-g55-3x3-440@7", 440, 440, 7, 7, 3, 1, 1, 1, 55),
+)
+
+# ConvTranspose shapes (batch 1, float32, with bias): (name, C_in, C_out, H, W, kernel, stride,
+# pad, output_padding). The U-Net's 2×2/2 upsamplings, a DCGAN-style 4×4/2 and a decoder's
+# 3×3/2 with output_padding (overlapping taps).
+CONV_TRANSPOSE_SHAPES = (
+    ("unet-convT-2x2s2-128>64@128", 128, 64, 128, 128, 2, 2, 0, 0),
+    ("unet-convT-2x2s2-1024>512@16", 1024, 512, 16, 16, 2, 2, 0, 0),
+    ("convT-4x4s2p1-256>128@32", 256, 128, 32, 32, 4, 2, 1, 0),
+    ("convT-3x3s2p1op1-64>32@56", 64, 32, 56, 56, 3, 2, 1, 1),
 )
 
 
@@ -163,6 +186,30 @@ def conv_case(name: str, c_in: int, c_out: int, h: int, w: int, k: int, stride: 
     return Case(name, "conv", model, feeds, flop, 4.0 * (c_in * max(h, 1) * w + c_out * oh * ow),
                 False, {"C_in": c_in, "C_out": c_out, "H": h, "W": w, "k": k, "stride": stride,
                         "dilation": dilation, "groups": groups})
+
+
+def conv_transpose_case(name: str, c_in: int, c_out: int, h: int, w: int, k: int,
+                        stride: int, pad: int, output_padding: int) -> Case:
+    """A 2-D ConvTranspose on a ``h × w`` map."""
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((c_in, c_out, k, k)) / math.sqrt(c_in)).astype("float32")
+    bias = rng.standard_normal(c_out).astype("float32")
+    oh, ow = ((size - 1) * stride - 2 * pad + k + output_padding for size in (h, w))
+    node = helper.make_node("ConvTranspose", ["x", "W", "B"], ["y"], kernel_shape=[k, k],
+                            strides=[stride] * 2, pads=[pad] * 4,
+                            output_padding=[output_padding] * 2)
+    graph = helper.make_graph(
+        [node], "conv_transpose",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, h, w])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c_out, oh, ow])],
+        [numpy_helper.from_array(weight, "W"), numpy_helper.from_array(bias, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feeds = {"x": rng.standard_normal((1, c_in, h, w)).astype("float32")}
+    flop = 2.0 * c_in * h * w * c_out * k * k  # every tap of every input, as a GEMM
+    return Case(name, "conv", model, feeds, flop, 4.0 * (c_in * h * w + c_out * oh * ow),
+                False, {"C_in": c_in, "C_out": c_out, "H": h, "W": w, "k": k, "stride": stride,
+                        "transposed": True})
 
 
 # 3-D convs (batch 1, float32, with bias; NCDHW) of the video models: (name, C_in, C_out,
@@ -218,7 +265,8 @@ def conv_cases(quick: bool) -> list[Case]:
     enough for ``--quick``."""
     del quick
     lazies = []
-    for make, shapes in ((conv_case, CONV_SHAPES), (conv3d_case, CONV3D_SHAPES)):
+    for make, shapes in ((conv_case, CONV_SHAPES), (conv_transpose_case, CONV_TRANSPOSE_SHAPES),
+                         (conv3d_case, CONV3D_SHAPES)):
         for shape in shapes:
             lazy = _Lazy(make, shape)
             lazy.name = shape[0]

@@ -189,7 +189,9 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
     flat positions of the padded input (each panel then reads consecutive floats across rows,
     and a row costs its padded width, ``out_w + (kw-1)·dw``, instead of whole panels: 58
     columns for a 3×3 conv's 56-wide rows where panels of 16 take 64) when that makes fewer
-    columns, rounded to its best panel width, at no more modelled cost."""
+    columns, rounded to its best panel width, at no more modelled cost. A map with fewer
+    positions than output channels whose columns would be mostly padding takes the positions
+    as the GEMM's rows (``positions_as_rows``)."""
     batch, _, height, width = shape
     kh, kw = kernel
     top, left, bottom, right = padding
@@ -197,11 +199,44 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
     out_w = (width + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
     if out_h <= 0 or out_w <= 0 or 0 in shape:
         return None
-    flat = (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding)
-    if shape[0] * out_h * out_w < out_channels:
+    plan = _plan_by_columns(shape, kernel, strides, padding, dilation, params, out_h, out_w)
+    positions = batch * out_h * out_w
+    # positions as rows where their columns would cost much more than the positions in the
+    # ISA's widest panels (padding, a narrow tile): 7×7 maps (1.5x: 49 positions in 56
+    # columns of 8 or 72 of 24; the 3×3 512→512 0.53x ONNX Runtime as columns, 0.88x as
+    # rows), not 14×14 or 16×16 (1.1-1.2x: as columns 0.81 -> 0.86x, 0.89 -> 1.12x, the
+    # U-Net's 3×3 1024→1024 0.79 -> 0.85x against rows)
+    _, widest = params.gemm_tile()
+    ideal = _work(params, widest, widest) / widest * positions  # no padded panel
+    if positions < out_channels and \
+            _work(params, plan.nr, plan.columns(batch)) >= _COSTLIER_COLUMNS * ideal:
         nr = panel_width(out_channels, params)
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, False, True,
                         out_channels)
+    return plan
+
+
+# Positions as rows when the column plan's modelled work is at least this many times the
+# positions' in the widest panels
+_COSTLIER_COLUMNS = 1.3
+
+
+def _work(params: CpuParams, nr: int, columns: int) -> float:
+    """Work of ``columns`` in panels of ``nr``, per FMA of the tile: the micro-kernel's loads
+    (MR broadcasts, NR/lanes vectors of B) beside its FMAs, the last panel's padding."""
+    mr, _ = params.gemm_tile(nr)
+    vectors = nr // params.lanes
+    fmas = mr * vectors
+    return -(-columns // nr) * nr * (fmas + mr + vectors) / fmas
+
+
+def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[int, int],
+                     padding: tuple[int, int, int, int], dilation: tuple[int, int],
+                     params: CpuParams, out_h: int, out_w: int) -> ConvGemm:
+    """The plan with the output positions as the GEMM's columns (:func:`plan_conv_gemm`)."""
+    batch, _, height, width = shape
+    kh, kw = kernel
+    flat = (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding)
     if flat:
         nr = panel_width(shape[0] * out_h * out_w, params)
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat)
@@ -209,10 +244,7 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
 
     def cost(nr: int, columns: int) -> float:
         """Work of ``columns`` (per image) in panels of ``nr``, per FMA of the tile."""
-        mr, _ = params.gemm_tile(nr)
-        vectors = nr // params.lanes
-        fmas = mr * vectors
-        return -(-columns // nr) * nr * (fmas + mr + vectors) / fmas
+        return _work(params, nr, columns)
 
     widths = range(params.lanes, widest + 1, params.lanes)
     nr = min(widths, key=lambda w: (cost(w, out_w) * out_h, -w))
@@ -576,6 +608,92 @@ def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm,
     return _store(lambda b, j, oh, ow: gemm[b, oh, ow, j], batch, n, plan, view)
 
 
+@dataclass(frozen=True)
+class TransposedConv:
+    """A 2-D transposed conv (ONNX ConvTranspose, ``relax.nn.conv2d_transpose``) as a GEMM
+    and a col2im: ``cols[b, (co, r, s), ih, iw] = Σ_ci W[ci, co, r, s] · x[b, ci, ih, iw]``
+    is a 1×1 conv with ``C_out·kh·kw`` output channels (the packed GEMM over the input's flat
+    positions), and each output adds the taps that land on it::
+
+        y[b, co, oh, ow] = Σ cols[b, (co, r, s), ih, iw]
+                           over oh + top = ih·sh + r·dh, ow + left = iw·sw + s·dw
+
+    which is what MLAS's ConvTranspose does (SGEMM + col2im), against the zero-dilated input
+    and a direct conv of TOPI's (``sh·sw`` times the arithmetic, most of it on zeros)."""
+
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    padding: tuple[int, int]  # top, left (bottom, right and output_padding: out_h, out_w)
+    dilation: tuple[int, int]
+    in_h: int
+    in_w: int
+    out_h: int
+    out_w: int
+
+    @property
+    def one_tap(self) -> bool:
+        """Every output reads exactly one tap (a 2×2/2 upsampling: kernel = stride, no
+        dilation, no output_padding past the input): the col2im is a permutation of the
+        GEMM's columns, which folds into its write-back."""
+        return all(k == s and (d == 1 or k == 1) and out + pad <= size * s
+                   for k, s, d, pad, size, out in zip(
+                       self.kernel, self.strides, self.dilation, self.padding,
+                       (self.in_h, self.in_w), (self.out_h, self.out_w)))
+
+
+def _taps(o, pad: int, kernel: int, stride: int, dilation: int, size: int) -> list:
+    """The (tap, input index, condition) that reach output index ``o`` along one axis:
+    ``o + pad = i·stride + r·dilation``. Without dilation those are ``r = (o + pad) % stride
+    + j·stride`` for ``j < ⌈kernel/stride⌉`` (one test each), else every tap is tested."""
+    def c(v):
+        return tirx.const(v, "int64")
+
+    t = o + c(pad)
+    if dilation == 1:
+        out = []
+        for j in range(-(-kernel // stride)):
+            r = tirx.floormod(t, c(stride)) + c(j * stride)
+            i = tirx.floordiv(t, c(stride)) - c(j)
+            out.append((r, i, [r < c(kernel), i >= c(0), i < c(size)]))
+        return out
+    out = []
+    for r in range(kernel):
+        shifted = t - c(r * dilation)
+        i = tirx.floordiv(shifted, c(stride))
+        out.append((c(r), i, [tirx.floormod(shifted, c(stride)) == c(0), i >= c(0),
+                              i < c(size)]))
+    return out
+
+
+def conv2d_transpose_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
+                          conv: TransposedConv) -> te.Tensor:
+    """NCHW ``conv2d_transpose(x, W)`` as the packed GEMM of a 1×1 conv and a col2im
+    (:class:`TransposedConv`): ``w`` is ``W`` as ``[C_out·kh·kw, C_in]`` (the A operand; or
+    packed as B, ``plan.positions_as_rows``), ``plan`` the 1×1 conv's over ``x``."""
+    cols = conv2d_gemm(x, w, plan)
+    (kh, kw), (sh, sw), (dh, dw) = conv.kernel, conv.strides, conv.dilation
+    top, left = conv.padding
+    out_channels = int(cols.shape[1]) // (kh * kw)
+
+    def c(v):
+        return tirx.const(v, "int64")
+
+    def value(b, co, oh, ow):
+        terms = []
+        for r, ih, row_ok in _taps(oh, top, kh, sh, dh, conv.in_h):
+            for s, iw, col_ok in _taps(ow, left, kw, sw, dw, conv.in_w):
+                load = cols[b, co * c(kh * kw) + r * c(kw) + s, ih, iw]
+                terms.append(load if conv.one_tap else tirx.if_then_else(
+                    tirx.all(*row_ok, *col_ok), load, tirx.const(0, cols.dtype)))
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        return total
+
+    return te.compute((cols.shape[0], c(out_channels), c(conv.out_h), c(conv.out_w)), value,
+                      name="conv2d_transpose_col2im")
+
+
 def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
     """``B[K, N]`` (or ``W[N, K]`` when ``transposed``) as ``Bp[⌈N/NR⌉, K, NR]``, zeros past
     column N."""
@@ -717,8 +835,52 @@ class _Packer(relax.PyExprMutator):
             outputs.append(self.builder_.emit(conv))
         return relax.op.concat(outputs, axis=1)
 
+    def _conv_transpose(self, call: relax.Call) -> relax.Expr:
+        """A 2-D NCHW transposed conv (groups 1) with a constant weight as the packed GEMM of
+        a 1×1 conv and a col2im (:func:`conv2d_transpose_gemm`), else ``call``."""
+        attrs = call.attrs
+        x, w = call.args
+        weight = self._constant(w)
+        if (weight is None or int(attrs.groups) != 1
+                or (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout))
+                != ("NCHW", "IOHW", "NCHW")
+                or str(attrs.out_dtype) not in ("", "void", "None", "float32")
+                or str(getattr(x.ty, "dtype", "")) != "float32"
+                or str(weight.ty.dtype) != "float32"):
+            return call
+        shape = getattr(x.ty, "shape", None)
+        if shape is None or len(shape) != 4 or not all(
+                isinstance(d, tirx.IntImm) for d in list(shape)[1:]):
+            return call  # a symbolic channel count or map: TOPI's conv takes it
+        batch, channels, height, width = (int(d) if isinstance(d, tirx.IntImm) else 1
+                                          for d in shape)
+        w_np = weight.value.numpy()
+        if w_np.ndim != 4 or w_np.shape[0] != channels or 0 in w_np.shape:
+            return call
+        _, out_channels, kh, kw = w_np.shape
+        out_shape = [int(d) for d in list(call.ty.shape)[2:]]
+        padding = [int(p) for p in attrs.padding]
+        padding = padding * 2 if len(padding) == 2 else padding
+        conv = TransposedConv((kh, kw), tuple(int(v) for v in attrs.strides),
+                              (padding[0], padding[1]), tuple(int(d) for d in attrs.dilation),
+                              height, width, *out_shape)
+        rows = out_channels * kh * kw
+        plan = plan_conv_gemm([batch, channels, height, width], (1, 1), (1, 1), (0, 0, 0, 0),
+                              (1, 1), self.params, rows)
+        if plan is None or min(out_shape) <= 0:
+            return call
+        # A[(co, r, s), ci]: the GEMM's rows are the output channels' taps
+        w2 = np.ascontiguousarray(w_np.transpose(1, 2, 3, 0).reshape(rows, channels))
+        w2 = relax.const(pack_weight(w2, plan.nr, True) if plan.positions_as_rows else w2)
+        self.packed += 1
+        return self.builder_.call_te(
+            lambda data, weights: conv2d_transpose_gemm(data, weights, plan, conv), x, w2,
+            primfunc_name_hint="conv2d_transpose_gemm")
+
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor name)
         call = self.visit_expr_post_order(call)
+        if getattr(call.op, "name", "") == "relax.nn.conv2d_transpose" and self.convs:
+            return self._conv_transpose(call)
         if getattr(call.op, "name", "") in ("relax.nn.conv2d", "relax.nn.conv1d",
                                             "relax.nn.conv3d") and self.convs:
             return self._conv(call)
@@ -796,5 +958,6 @@ def PackMatmulWeights(target: tvm.target.Target,  # noqa: N802 (a pass)
     return _pack
 
 
-__all__ = ["PACKED_GEMM", "ConvGemm", "DepthFold", "PackMatmulWeights", "conv2d_gemm",
-           "fold_conv3d", "pack_weight", "packed_matmul", "panel_width", "plan_conv_gemm"]
+__all__ = ["PACKED_GEMM", "ConvGemm", "DepthFold", "PackMatmulWeights", "TransposedConv",
+           "conv2d_gemm", "conv2d_transpose_gemm", "fold_conv3d", "pack_weight",
+           "packed_matmul", "panel_width", "plan_conv_gemm"]

@@ -71,7 +71,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("target", [TARGET, AVX2], ids=["llvm", "avx2"])
+# the baseline-x86 build of every case is in the slow run: the default run keeps CI's budget
+@pytest.mark.parametrize("target", [pytest.param(TARGET, id="llvm", marks=pytest.mark.slow),
+                                    pytest.param(AVX2, id="avx2")])
 @pytest.mark.parametrize("name", list(CASES))
 def test_conv_transpose_as_packed_gemm_matches_onnxruntime_and_stock(name, target):
     model = conv_transpose_model(*CASES[name])

@@ -26,6 +26,7 @@ from tvm_fusion.relay_passes.mapping_type import (
     classify,
     num_primfunc_outputs,
 )
+from tvm_fusion.testing.notes import schedule_notes
 from tvm_fusion.testing.random_dag import random_dag_models
 from tvm_fusion.tir_schedules import fast_math as fm
 from tvm_fusion.tir_schedules.cpu_target import cpu_params
@@ -57,10 +58,6 @@ def _check(model: onnx.ModelProto, **options) -> tvm.IRModule:
 
 def _primfuncs(mod: tvm.IRModule):
     return [(g.name_hint, f) for g, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
-
-
-def _notes(mod: tvm.IRModule) -> str:
-    return "\n".join(n for _, f in _primfuncs(mod) for n in f.attrs.get(SCHEDULE_ATTR, []))
 
 
 # ------------------------------------------------------------------------------ numerics
@@ -302,7 +299,7 @@ def test_cpu_rule(rule):
     # the NCHW rules are what grouped-conv models and other strategies get; packed convs
     # (conv_layout="auto" on a model of dense convs) have a rule of their own
     mod = _check(model, conv_layout="NCHWc" if rule == "conv_packed" else "NCHW")
-    notes = _notes(mod)
+    notes = schedule_notes(mod)
     assert expected_note in notes, notes
     assert not any(FALLBACK_ATTR in f.attrs for _, f in _primfuncs(mod))
 
@@ -349,7 +346,7 @@ def test_stride2_window_padding_is_written_in_split_layout(kind, channels, size,
     if (size + 2 * pad) % 2:
         assert not split, "an odd padded width has no even/odd split"
         return
-    assert split, _notes(mod)
+    assert split, schedule_notes(mod)
     for func, buf in split:
         writers = [b for b in find_all(func.body, tvm.s_tir.SBlock)
                    if [w.source.name for w in b.writes] == [buf]]

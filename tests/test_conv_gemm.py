@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm_fusion.compile import compile_model, count_kernels, fuse, import_onnx, run
 from tvm_fusion.layout.gemm_pack import fold_conv3d, plan_conv_gemm
 from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.testing.notes import schedule_notes
 from tvm_fusion.tir_schedules.cpu_target import cpu_params
 
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 1})
@@ -35,12 +36,6 @@ def conv_model(c_in, c_out, size, k, stride=1, pad=0, dilation=1, groups=1, batc
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
-
-
-def _schedule_notes(mod) -> str:
-    return " ".join(str(f.attrs["tvm_fusion.schedule"]) for f in mod.functions.values()
-                    if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None
-                    and "tvm_fusion.schedule" in f.attrs)
 
 
 def _check(model, target, batch=1, **options):
@@ -77,7 +72,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_conv_as_packed_gemm_matches_onnxruntime(name, target):
     model = conv_model(*CASES[name])
-    notes = _schedule_notes(fuse(import_onnx(model), target))
+    notes = schedule_notes(fuse(import_onnx(model), target))
     assert "packed GEMM" in notes, notes
     if name.startswith("padded-flat"):
         c_in, c_out, size, k, _, pad, *rest = CASES[name]
@@ -90,7 +85,7 @@ def test_conv_as_packed_gemm_matches_onnxruntime(name, target):
 
 def test_batch_and_asymmetric_padding():
     model = conv_model(6, 10, 9, 3, 1, batch=3, pads=[0, 1, 2, 1])
-    notes = _schedule_notes(fuse(import_onnx(model), AVX2))
+    notes = schedule_notes(fuse(import_onnx(model), AVX2))
     assert "B packed per block" in notes, notes  # the im2col stage runs inside the GEMM
     _check(model, AVX2)
 
@@ -112,10 +107,10 @@ def _check_sizes(model, target, shapes):
 
 def test_grouped_convs_keep_the_direct_conv():
     grouped = conv_model(8, 8, 10, 3, 1, 1, groups=8)
-    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(grouped), AVX2))
+    assert "packed GEMM" not in schedule_notes(fuse(import_onnx(grouped), AVX2))
     _check(grouped, AVX2)
     symbolic = _symbolic(conv_model(8, 8, 10, 3, 2, 1, groups=4), 0)
-    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(symbolic), AVX2))
+    assert "packed GEMM" not in schedule_notes(fuse(import_onnx(symbolic), AVX2))
     _check_sizes(symbolic, AVX2, [(1, 8, 10, 10), (3, 8, 10, 10)])
 
 
@@ -131,7 +126,7 @@ SYMBOLIC_BATCH = ["1x1", "1x1-stride2", "3x3-stride2-odd", "7x7-stride2-3ch", "o
 def test_symbolic_batch_conv_as_packed_gemm(name, target):
     c_in, _, size, *_ = CASES[name]
     model = _symbolic(conv_model(*CASES[name][:8]), 0)
-    notes = _schedule_notes(fuse(import_onnx(model), target))
+    notes = schedule_notes(fuse(import_onnx(model), target))
     assert "packed GEMM" in notes, notes
     if not name.startswith("positions-as-rows"):
         assert "one GEMM per image" in notes and "B packed per block" in notes, notes
@@ -142,14 +137,14 @@ def test_symbolic_map_keeps_the_direct_conv():
     """A symbolic height or width changes the plan (rows, panels) with the size: the direct
     conv's schedule, which takes symbolic maps, runs it."""
     model = _symbolic(conv_model(5, 12, 9, 3, 2, 1), 0, 2, 3)
-    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(model), AVX2))
+    assert "packed GEMM" not in schedule_notes(fuse(import_onnx(model), AVX2))
     _check_sizes(model, AVX2, [(1, 5, 9, 9), (2, 5, 13, 6)])
 
 
 @pytest.mark.parametrize("layout", ["NCHWc", "NCHW"])
 def test_gemm_route_only_under_auto(layout):
     model = conv_model(16, 16, 8, 3, 1, 1)
-    notes = _schedule_notes(fuse(import_onnx(model), AVX2, conv_layout=layout))
+    notes = schedule_notes(fuse(import_onnx(model), AVX2, conv_layout=layout))
     assert "packed GEMM" not in notes, notes
 
 
@@ -159,7 +154,7 @@ def test_gemm_followed_by_a_pool_in_one_kernel():
     from tvm_fusion.models.conv_chains import chain_model
     model = chain_model(8, 12, [("conv", 8, 3, 1, 1, 1, None), ("maxpool", 3, 2, 1)])
     forced = {"table3": {("M2M", "M2M"): "green"}}
-    notes = _schedule_notes(fuse(import_onnx(model), TARGET, **forced))
+    notes = schedule_notes(fuse(import_onnx(model), TARGET, **forced))
     assert "packed GEMM" in notes and "pool" in notes, notes
     x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype("float32")
     got = run(compile_model(import_onnx(model), TARGET, **forced), [x])
@@ -237,7 +232,7 @@ def test_squeeze_excite_convs_on_one_position_stay_fused(target):
     split EfficientNet-B0's conv + SiLU kernels (117 kernels against stock's 100)."""
     model = squeeze_excite_model(40, 10, 6)
     mod = fuse(import_onnx(model), target)
-    notes = _schedule_notes(mod)
+    notes = schedule_notes(mod)
     assert "one thread" in notes and "row ranges" not in notes, notes
     assert count_kernels(mod) <= count_kernels(fuse(import_onnx(model), target, strategy="tvm"))
     _check(model, target)
@@ -265,7 +260,7 @@ def test_im2col_gathers_through_a_table_of_k_offsets(case):
     panel's (a row's) offset plus the table's, and the numbers stay ONNX Runtime's."""
     model = conv_model(*case)
     func = [f for f in fuse(import_onnx(model), AVX2).functions.values()
-            if isinstance(f, tvm.tirx.PrimFunc) and "packed GEMM" in _schedule_notes(
+            if isinstance(f, tvm.tirx.PrimFunc) and "packed GEMM" in schedule_notes(
                 tvm.IRModule({"f": f}))][0]
     assert "k_offsets" in func.script(), func.script()
     _check(model, AVX2)
@@ -279,7 +274,7 @@ def test_b_block_is_packed_k_by_k_across_its_panels():
 
     mod = fuse(import_onnx(conv_model(16, 24, 40, 3, 1, 1)), AVX2)
     func = next(f for f in mod.functions.values()
-                if isinstance(f, tvm.tirx.PrimFunc) and "packed GEMM" in _schedule_notes(
+                if isinstance(f, tvm.tirx.PrimFunc) and "packed GEMM" in schedule_notes(
                     tvm.IRModule({"f": f})))
     packs = [loop for loop in find_all(func.body, tvm.tirx.For)
              if any(st.buffer.name == "b_block" for st in buffer_stores(loop.body))
@@ -331,14 +326,14 @@ def test_conv1d_as_packed_gemm_matches_onnxruntime(name, target):
     an NCW store: the direct conv1d schedule ran wav2vec2's feature extractor 8x slower than
     ONNX Runtime."""
     model = conv1d_model(*CONV1D_CASES[name])
-    notes = _schedule_notes(fuse(import_onnx(model), target))
+    notes = schedule_notes(fuse(import_onnx(model), target))
     assert "packed GEMM" in notes, notes
     _check(model, target)
 
 
 def test_grouped_conv1d_keeps_the_direct_conv():
     grouped = conv1d_model(8, 8, 30, 5, 1, (2, 2), groups=4)
-    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(grouped), AVX2))
+    assert "packed GEMM" not in schedule_notes(fuse(import_onnx(grouped), AVX2))
     _check(grouped, AVX2)
 
 
@@ -351,7 +346,7 @@ def test_grouped_conv1d_with_wide_groups_runs_a_gemm_per_group(case):
     wav2vec2's positional conv (16 groups of 48 channels, kernel 128) ran the direct conv at
     0.22x ONNX Runtime."""
     model = conv1d_model(*case)
-    notes = _schedule_notes(fuse(import_onnx(model), AVX2))
+    notes = schedule_notes(fuse(import_onnx(model), AVX2))
     assert notes.count("packed GEMM") == case[7], notes
     _check(model, AVX2)
 
@@ -360,10 +355,10 @@ def test_grouped_conv2d_with_wide_groups_runs_a_gemm_per_group():
     """7×7 over 32 channels a group (K = 1,568) runs a GEMM per group; 3×3 (K = 288, under
     two of AVX2's K blocks of 256: ResNeXt's groups) keeps the direct conv."""
     model = conv_model(64, 64, 15, 7, 2, 3, groups=2)
-    assert _schedule_notes(fuse(import_onnx(model), AVX2)).count("packed GEMM") == 2
+    assert schedule_notes(fuse(import_onnx(model), AVX2)).count("packed GEMM") == 2
     _check(model, AVX2)
     short = conv_model(64, 64, 7, 3, 1, 1, groups=2)
-    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(short), AVX2))
+    assert "packed GEMM" not in schedule_notes(fuse(import_onnx(short), AVX2))
 
 
 def conv3d_model(c_in, c_out, size, kernel, strides=(1, 1, 1), pads=(0, 0, 0),
@@ -426,7 +421,7 @@ def test_conv3d_as_packed_gemm_matches_onnxruntime_and_stock(name):
     the kernel is named conv3d and its store writes NCDHW."""
     model = conv3d_model(*CONV3D_CASES[name])
     mod = fuse(import_onnx(model), AVX2)
-    notes = _schedule_notes(mod)
+    notes = schedule_notes(mod)
     assert "packed GEMM" in notes, notes
     names = [g.name_hint for g, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert any("conv3d_gemm" in n for n in names), names  # not TOPI's conv3d
@@ -458,7 +453,7 @@ def test_conv3d_residual_block_folds_bias_add_and_relu_into_the_gemm():
     same kernel)."""
     model = conv3d_model(7, 7, (6, 9, 8), (3, 3, 3), (1, 1, 1), (1, 1, 1), residual=True)
     mod = fuse(import_onnx(model), AVX2)
-    notes = _schedule_notes(mod)
+    notes = schedule_notes(mod)
     assert "packed GEMM" in notes and "epilogue" in notes, notes
     assert count_kernels(mod) == 1, count_kernels(mod)
     _check_stock(model, AVX2)
@@ -469,7 +464,7 @@ def test_conv3d_residual_block_folds_bias_add_and_relu_into_the_gemm():
 def test_symbolic_batch_conv3d_as_packed_gemm(name):
     c_in, _, size, *_ = CONV3D_CASES[name]
     model = _symbolic(conv3d_model(*CONV3D_CASES[name]), 0)
-    notes = _schedule_notes(fuse(import_onnx(model), AVX2))
+    notes = schedule_notes(fuse(import_onnx(model), AVX2))
     assert "packed GEMM" in notes, notes
     if name != "positions-as-rows":
         assert "one GEMM per image" in notes, notes
@@ -478,7 +473,7 @@ def test_symbolic_batch_conv3d_as_packed_gemm(name):
 
 def test_grouped_conv3d_keeps_the_direct_conv():
     model = conv3d_model(8, 8, (4, 6, 6), (3, 3, 3), (1, 1, 1), (1, 1, 1), groups=2)
-    assert "packed GEMM" not in _schedule_notes(fuse(import_onnx(model), AVX2))
+    assert "packed GEMM" not in schedule_notes(fuse(import_onnx(model), AVX2))
     _check_stock(model, AVX2)
 
 

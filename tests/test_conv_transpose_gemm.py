@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.compile import compile_model, fuse, import_onnx, run
 from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.testing.notes import schedule_notes
 
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 1})
 
@@ -37,12 +38,6 @@ def conv_transpose_model(c_in, c_out, size, k, stride=1, pads=(0, 0, 0, 0),
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
-
-
-def _notes(mod) -> str:
-    return " ".join(str(f.attrs["tvm_fusion.schedule"]) for f in mod.functions.values()
-                    if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None
-                    and "tvm_fusion.schedule" in f.attrs)
 
 
 def _check(model, target, shape=None):
@@ -77,7 +72,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_conv_transpose_as_packed_gemm_matches_onnxruntime_and_stock(name, target):
     model = conv_transpose_model(*CASES[name])
-    notes = _notes(fuse(import_onnx(model), target))
+    notes = schedule_notes(fuse(import_onnx(model), target))
     assert "packed GEMM" in notes, notes
     assert "conv2d_transpose_nchw" not in notes and "data_dilate" not in notes, notes
     _check(model, target)
@@ -90,7 +85,7 @@ def test_upsampling_col2im_and_epilogue_fold_into_the_gemm_write_back(target):
     kernel, no buffer of taps."""
     model = conv_transpose_model(16, 8, 9, 2, 2)
     mod = fuse(import_onnx(model), target)
-    notes = _notes(mod)
+    notes = schedule_notes(mod)
     assert "becomes an index change" in notes and "epilogue" in notes, notes
     funcs = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     assert len(funcs) == 1, [f.attrs["global_symbol"] for f in funcs]
@@ -100,7 +95,7 @@ def test_overlapping_taps_sum_after_the_gemm():
     """A 4×4/2 kernel: up to four taps reach an output, the col2im sums them after the GEMM
     (a stage of its own, bias and ReLU with it)."""
     model = conv_transpose_model(8, 5, 7, 4, 2, (1, 1, 1, 1))
-    notes = _notes(fuse(import_onnx(model), AVX2))
+    notes = schedule_notes(fuse(import_onnx(model), AVX2))
     assert "packed GEMM" in notes and "at the last K block" not in notes, notes
 
 
@@ -109,12 +104,12 @@ def test_symbolic_batch_and_groups():
     conv (both against ONNX Runtime and stock)."""
     model = conv_transpose_model(8, 4, 9, 3, 2, (1, 1, 1, 1), (1, 1))
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"
-    notes = _notes(fuse(import_onnx(model), AVX2))
+    notes = schedule_notes(fuse(import_onnx(model), AVX2))
     assert "packed GEMM" in notes and "one GEMM per image" in notes, notes
     for batch in (1, 3):
         _check(model, AVX2, [batch, 8, 9, 9])
     grouped = conv_transpose_model(8, 6, 5, 2, 2, groups=2)
-    assert "packed GEMM" not in _notes(fuse(import_onnx(grouped), AVX2))
+    assert "packed GEMM" not in schedule_notes(fuse(import_onnx(grouped), AVX2))
     _check(grouped, AVX2)
 
 

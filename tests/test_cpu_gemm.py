@@ -18,6 +18,7 @@ from tvm.script import tirx as T
 
 from tvm_fusion.compile import compile_model, fuse, import_onnx, run
 from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.testing.notes import schedule_notes
 from tvm_fusion.tir_schedules.cpu_target import CpuParams, cpu_params
 from tvm_fusion.tir_schedules.fused_block import FALLBACK_ATTR, SCHEDULE_ATTR, schedule_primfunc
 
@@ -68,11 +69,6 @@ def _check(model, target=TARGET, feeds=None, stock=False, **options):
     return fuse(mod, target, **options)
 
 
-def _notes(mod) -> str:
-    return "\n".join(n for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)
-                     for n in (f.attrs or {}).get(SCHEDULE_ATTR, []))
-
-
 # ------------------------------------------------------------------------------ numerics
 
 _SHAPES = [(m, n, 17) for m in (1, 3, 17, 197) for n in (1, 33, 100, 1000)] + [
@@ -89,7 +85,7 @@ def test_odd_shapes_match_onnxruntime(m, n, k):
     """M tails of every size, N below one panel, a zero-padded last panel, K with one block
     (17) and with several (768 on a 32 KiB L1: three)."""
     mod = _check(_matmul(m, k, n), stock=m * n * k < 1e6)
-    assert "packed GEMM" in _notes(mod)
+    assert "packed GEMM" in schedule_notes(mod)
 
 
 def test_avx2_tile_on_this_target():
@@ -97,7 +93,7 @@ def test_avx2_tile_on_this_target():
     if not _host_has("avx2"):
         pytest.skip("this CPU has no AVX2")
     mod = _check(_matmul(37, 600, 130), target=ZEN3)
-    assert "packed GEMM 4×24 tile, KC 256" in _notes(mod)
+    assert "packed GEMM 4×24 tile, KC 256" in schedule_notes(mod)
 
 
 @pytest.mark.parametrize("strategy", ["dnnfusion", "tvm", "apollo"])
@@ -110,7 +106,7 @@ def test_gemm_transb_bias_gelu_residual_epilogue(strategy):
                    [_vi("x", [m, k]), _vi("r", [m, n])], [_vi("z", [m, n])],
                    [_w("W", [n, k]), _w("b", [n], 2)])
     mod = _check(model, strategy=strategy, schedule=True)
-    notes = _notes(mod)
+    notes = schedule_notes(mod)
     assert "packed GEMM" in notes and "at the last K block" in notes, notes
 
 
@@ -122,7 +118,7 @@ def test_transpose_after_the_gemm_is_its_store_index():
                     helper.make_node("Transpose", ["r"], ["z"], perm=[0, 2, 1])],
                    [_vi("x", [2, 9, 40])], [_vi("z", [2, 30, 9])], [_w("W", [40, 30])])
     mod = _check(model)
-    notes = _notes(mod)
+    notes = schedule_notes(mod)
     assert "epilogue" in notes and "at the last K block" in notes, notes
     assert sum(isinstance(f, tvm.tirx.PrimFunc) for f in mod.functions.values()) == 1
 
@@ -139,7 +135,7 @@ def test_swiglu(strategy):
                     helper.make_node("Mul", ["silu", "u"], ["z"])],
                    [_vi("x", [m, k])], [_vi("z", [m, n])], [_w("Wg", [k, n]), _w("Wu", [k, n], 3)])
     mod = _check(model, strategy=strategy, schedule=True)
-    assert "packed GEMM" in _notes(mod)
+    assert "packed GEMM" in schedule_notes(mod)
 
 
 @T.prim_func(s_tir=True)
@@ -205,7 +201,7 @@ def test_symbolic_rows_one_build_several_sizes():
         feeds = _feeds(model, seq=seq)
         got = run(executable, list(feeds.values()))
         compare(got, onnx_reference(model, feeds), rtol=1e-4, atol=2e-4)
-    assert "packed GEMM" in _notes(fuse(mod, TARGET))
+    assert "packed GEMM" in schedule_notes(fuse(mod, TARGET))
 
 
 def test_batched_a_with_transposed_rows_is_copied_row_major():
@@ -216,7 +212,7 @@ def test_batched_a_with_transposed_rows_is_copied_row_major():
                     helper.make_node("MatMul", ["r", "W"], ["z"])],
                    [_vi("x", [1, 4, 13, 16])], [_vi("z", [1, 13, 30])],
                    [_w("W", [64, 30]), numpy_helper.from_array(np.array([1, 13, 64]), "shape")])
-    notes = _notes(_check(model))
+    notes = schedule_notes(_check(model))
     assert "A copied row-major first" in notes, notes
 
 
@@ -225,7 +221,7 @@ def test_threads(cores, mode):
     """N blocks in parallel when N has enough panels, else row ranges."""
     n = 300 if mode == "parallel N blocks" else 20
     target = tvm.target.Target({"kind": "llvm", "num-cores": cores})
-    notes = _notes(_check(_matmul(301, 64, n), target=target))
+    notes = schedule_notes(_check(_matmul(301, 64, n), target=target))
     assert mode in notes, notes
 
 
@@ -261,22 +257,22 @@ def test_gemm_after_packed_convs_is_packed_too():
                    [_vi("x", [1, 8, 6, 6])], [_vi("y", [1, 10])],
                    [_w("w", [16, 8, 3, 3]), _w("W", [10, 576], 1), _w("b", [10], 2)])
     mod = _check(model, conv_layout="NCHWc")
-    notes = _notes(mod)
+    notes = schedule_notes(mod)
     assert "conv2d_NCHWc" in notes and "packed GEMM" in notes, notes
 
 
 def test_weights_stay_unpacked_when_asked_or_not_constant():
     model = _matmul(8, 16, 24)
-    assert "packed GEMM" not in _notes(fuse(import_onnx(model), TARGET, pack_weights=False))
+    assert "packed GEMM" not in schedule_notes(fuse(import_onnx(model), TARGET, pack_weights=False))
     activations = _model([helper.make_node("MatMul", ["x", "w"], ["y"])],
                          [_vi("x", [8, 16]), _vi("w", [16, 24])], [_vi("y", [8, 24])], [])
-    assert "packed GEMM" not in _notes(_check(activations))
+    assert "packed GEMM" not in schedule_notes(_check(activations))
     # a transposed activation (found by the fuzzer: the pass looked through its binding)
     transposed = _model([helper.make_node("Softmax", ["w"], ["s"]),
                          helper.make_node("Transpose", ["s"], ["t"], perm=[1, 0]),
                          helper.make_node("MatMul", ["x", "t"], ["y"])],
                         [_vi("x", [8, 16]), _vi("w", [24, 16])], [_vi("y", [8, 24])], [])
-    assert "packed GEMM" not in _notes(_check(transposed))
+    assert "packed GEMM" not in schedule_notes(_check(transposed))
 
 
 def test_failed_kernel_falls_back_to_register_tiles(monkeypatch):
@@ -289,7 +285,7 @@ def test_failed_kernel_falls_back_to_register_tiles(monkeypatch):
 
     monkeypatch.setattr(fb, "emit_packed_gemms", broken)
     mod = _check(_matmul(9, 20, 30))
-    notes = _notes(mod)
+    notes = schedule_notes(mod)
     assert "packed GEMM kernel not used (RuntimeError: template exploded)" in notes, notes
     assert not any(FALLBACK_ATTR in (f.attrs or {}) for f in mod.functions.values()
                    if isinstance(f, tvm.tirx.PrimFunc))

@@ -21,8 +21,8 @@ from tvm_fusion.frontend import ALL_REPAIRS, FrontendError, from_onnx
 from tvm_fusion.models.graph import make_model, value_info
 from tvm_fusion.models.weight_only import weight_only_matmul, weight_only_mlp
 from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.testing.notes import schedule_notes
 from tvm_fusion.tir_schedules.cpu_target import cpu_params
-from tvm_fusion.tir_schedules.fused_block import SCHEDULE_ATTR
 from tvm_fusion.tir_utils import find_all
 
 # Odd sizes: N = 97 leaves a tail panel, K = 67 an odd k loop
@@ -45,11 +45,6 @@ def _compare_all(model, xs, target=TARGET, **options):
         compare(got, onnx_reference(model, {"x": x}), **tol)
         compare(got, run(stock, [x]), **tol)
     return fuse(mod, target, **options)
-
-
-def _notes(mod) -> str:
-    return "\n".join(n for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)
-                     for n in (f.attrs or {}).get(SCHEDULE_ATTR, []))
 
 
 def _lowered_buffers(func: tvm.tirx.PrimFunc) -> list:
@@ -100,7 +95,7 @@ def test_mlp_matches_stock_tvm_and_onnxruntime(variant):
     tail of rows and several row tiles."""
     model = weight_only_mlp("M", HIDDEN, INTER, **variant)
     mod = _compare_all(model, [_x(m, HIDDEN) for m in (1, 5, 33)])
-    notes = _notes(mod)
+    notes = schedule_notes(mod)
     dtype = "uint8" if variant.get("dtype") is np.uint8 else "int8"
     assert notes.count(f"{dtype} weights widened in registers") == 3, notes
 
@@ -129,7 +124,7 @@ def test_float32_path_unchanged_beside_it():
     """A float32 weight in the same build is packed as float32, as before."""
     model = weight_only_matmul(3, 40, 50, float_weights=True)
     mod = _compare_all(model, _x(3, 40))
-    assert "packed GEMM" in _notes(mod) and "widened" not in _notes(mod)
+    assert "packed GEMM" in schedule_notes(mod) and "widened" not in schedule_notes(mod)
 
 
 def test_scale_along_k_keeps_the_float32_path():
@@ -142,7 +137,7 @@ def test_scale_along_k_keeps_the_float32_path():
     scale.CopyFrom(numpy_helper.from_array(values, scale.name))
     node.attribute[0].i = 0
     mod = _compare_all(model, _x(3, 40))
-    assert "widened" not in _notes(mod)
+    assert "widened" not in schedule_notes(mod)
 
 
 @pytest.mark.parametrize("block", [None, 32], ids=["per_channel", "block_wise"])
@@ -175,7 +170,7 @@ def test_per_tensor_scale_and_avx2_codegen():
     scale.CopyFrom(numpy_helper.from_array(np.float32(0.01), scale.name))
     del node.attribute[:]
     mod = _compare_all(model, _x(6, 48), target=ZEN3)
-    assert "int8 weights widened in registers" in _notes(mod)
+    assert "int8 weights widened in registers" in schedule_notes(mod)
     asm = compile_model(import_onnx(model), ZEN3).mod.imports[0].inspect_source("asm")
     assert "vpmovsxbd" in asm and "vcvtdq2ps" in asm
 
@@ -192,7 +187,7 @@ def test_block_wise_weights_scaled_in_the_k_loop(variant):
         from_onnx(model, repairs=ALL_REPAIRS - {"blocked_dequantize"})
     mod = _compare_all(model, [_x(m, HIDDEN) for m in (1, 6)])
     block = variant["block"]
-    assert _notes(mod).count(f"scaled per block of {block} k") == 3, _notes(mod)
+    assert schedule_notes(mod).count(f"scaled per block of {block} k") == 3, schedule_notes(mod)
     assert not _float32_weight_copies(mod, HIDDEN * INTER)
 
 
@@ -221,7 +216,7 @@ def test_int4_weights_imported_as_8_bit(dtype):
     with pytest.raises(Exception, match="size mismatch"):
         from_onnx(model, repairs=ALL_REPAIRS - {"int4_weights"})
     mod = _compare_all(model, [_x(3, 40)])
-    assert "8 weights widened in registers" in _notes(mod)
+    assert "8 weights widened in registers" in schedule_notes(mod)
 
 
 def test_tile_for_a_widened_weight():
@@ -253,5 +248,5 @@ def test_gemm_transb_with_bias_two_threads_staged_block():
     model = make_model("gemm_uint8", nodes, [value_info("x", [40, k])], ["y"], inits)
     two = tvm.target.Target({"kind": "llvm", "mcpu": "znver3", "num-cores": 2})
     mod = _compare_all(model, [_x(40, k)], target=two)
-    notes = _notes(mod)
+    notes = schedule_notes(mod)
     assert "uint8 weights widened in registers" in notes and "parallel" in notes, notes

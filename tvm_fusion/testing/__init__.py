@@ -8,6 +8,7 @@ One job per module:
   property tests;
 * :mod:`.stock`: stock TVM's unfused build of a model, and the single-op models it cannot run;
 * :mod:`.onnx_backend`: the onnx package's backend test data as end-to-end cases.
+* :mod:`.notes`: which schedule each kernel of a built module took (its recorded notes).
 
 Feeds and numerics checks, which the CLI and reports use too, live in :mod:`tvm_fusion.feeds`
 and :mod:`tvm_fusion.numerics`.

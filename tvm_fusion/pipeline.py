@@ -108,12 +108,11 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
                                               rewriting.allow_fp_reassociation))
     if ours:  # Gather indices from the inputs: clamped, never read outside the data
         passes.append(ClampTakeIndices())
-    if target.kind.name == "llvm":
-        # fp16/bf16 convs and matmuls sum in float32 where the CPU has no 16-bit arithmetic:
-        # every strategy ("tvm" included, like the packing), so that a kernel is the same
-        # whatever the grouping; after the rewriting (its algebra is the model's, in the
-        # model's types), before the packing, which takes the float32 sums
-        passes.append(AccumulateInFloat32(target))
+    # fp16/bf16 convs and matmuls sum in float32 where the CPU has no 16-bit arithmetic (the
+    # pass leaves other targets alone): every strategy ("tvm" included, like the packing), so
+    # that a kernel is the same whatever the grouping; after the rewriting (its algebra is the
+    # model's, in the model's types), before the packing, which takes the float32 sums
+    passes.append(AccumulateInFloat32(target))
     if pack:
         # every strategy our CPU schedules run for ("tvm" included: the baseline of every
         # benchmark), so that a GEMM is the same kernel whatever the grouping; before the

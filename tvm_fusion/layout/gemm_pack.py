@@ -31,7 +31,7 @@ SGEMM): the weight ``W[N, C·kh·kw]`` is the A operand (rows: output channels, 
 k), and the im2col matrix of the input, packed per call straight into NR-column panels, is B
 (columns: the output positions of every image)::
 
-    Bp[p // NR, k, p % NR] = x_pad[b(p), c(k), oh(p)·sh + r(k)·dh, ow(p)·sw + s(k)·dw]
+    Bp[p // NR, k, p % NR] = x_pad[b(p), _i64(k), oh(p)·sh + r(k)·dh, ow(p)·sw + s(k)·dw]
     C[co, p] = Σ_k W[co, k] · Bp[p // NR, k, p % NR]          # matmul_packed
     y[b, co, oh, ow] = C[co, b·OH·OW + oh·OW + ow]
 
@@ -94,6 +94,19 @@ def _widen(value: tirx.PrimExpr) -> tirx.PrimExpr:
 
 def _i64(v) -> tirx.PrimExpr:
     return tirx.const(v, "int64")
+
+
+def _zero_padded(x: te.Tensor, top: int, left: int, height: int, width: int):
+    """``fcompute`` of ``x`` (NCHW) padded with zeros: ``top`` rows and ``left`` columns before
+    its ``height`` × ``width`` map, zeros after it too."""
+
+    def padded(b, ci, ih, iw):
+        inside = [ih >= _i64(top), ih < _i64(height + top), iw >= _i64(left),
+                  iw < _i64(width + left)]
+        return tirx.if_then_else(tirx.all(*inside), x[b, ci, ih - _i64(top), iw - _i64(left)],
+                                 tirx.const(0, x.dtype))
+
+    return padded
 
 
 def panel_width(n: int, params: CpuParams) -> int:
@@ -461,9 +474,6 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
     columns = plan.columns(images)
     k_total = channels * kh * kw
 
-    def c(v):
-        return tirx.const(v, "int64")
-
     def stage(shape, value, name):
         """``value(img, *index)`` over ``shape``, with a leading batch axis (``img`` its
         index) when the batch is symbolic, else once (``img`` None)."""
@@ -480,8 +490,8 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
         return b if img is None else img
 
     def window(k):
-        return (tirx.floordiv(k, c(kh * kw)), tirx.floormod(tirx.floordiv(k, c(kw)), c(kh)),
-                tirx.floormod(k, c(kw)))
+        return (tirx.floordiv(k, _i64(kh * kw)),
+                tirx.floormod(tirx.floordiv(k, _i64(kw)), _i64(kh)), tirx.floormod(k, _i64(kw)))
 
     if plan.padded_flat:
         # the padded input channel-major, [C, B·Hp·Wp + reach] as rows of Wp: column t reads
@@ -492,28 +502,29 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
         padded_h = image_size // row
 
         def padded_rows(img, ci, h, w):
-            b, ih = tirx.floordiv(h, c(padded_h)), tirx.floormod(h, c(padded_h)) - c(top)
-            iw = w - c(left)
-            inside = [b < c(images), ih >= c(0), ih < c(height), iw >= c(0), iw < c(width)]
+            b, ih = tirx.floordiv(h, _i64(padded_h)), tirx.floormod(h, _i64(padded_h)) - _i64(top)
+            iw = w - _i64(left)
+            inside = [b < _i64(images), ih >= _i64(0), ih < _i64(height), iw >= _i64(0),
+                      iw < _i64(width)]
             return tirx.if_then_else(tirx.all(*inside), x[image(img, b), ci, ih, iw],
                                      tirx.const(0, x.dtype))
-        src = stage((c(channels), c(-(-length // row)), c(row)), padded_rows, "conv2d_pad")
+        src = stage((_i64(channels), _i64(-(-length // row)), _i64(row)), padded_rows, "conv2d_pad")
 
         def pack(img, pj, k, lane):
             ci, r, s = window(k)
-            t = pj * c(nr) + lane + r * c(dh * row) + s * c(dw)
-            return src[(*lead(img), ci, tirx.floordiv(t, c(row)), tirx.floormod(t, c(row)))]
+            t = pj * _i64(nr) + lane + r * _i64(dh * row) + s * _i64(dw)
+            return src[(*lead(img), ci, tirx.floordiv(t, _i64(row)), tirx.floormod(t, _i64(row)))]
     elif plan.flat:
         positions = out_h * out_w
 
         def pack(img, pj, k, lane):
-            j = pj * c(nr) + lane
-            b, pos = tirx.floordiv(j, c(positions)), tirx.floormod(j, c(positions))
-            load = x[image(img, b), k, tirx.floordiv(pos, c(width)),
-                     tirx.floormod(pos, c(width))]
+            j = pj * _i64(nr) + lane
+            b, pos = tirx.floordiv(j, _i64(positions)), tirx.floormod(j, _i64(positions))
+            load = x[image(img, b), k, tirx.floordiv(pos, _i64(width)),
+                     tirx.floormod(pos, _i64(width))]
             if columns % nr == 0:
                 return load
-            return tirx.if_then_else(j < c(columns), load, tirx.const(0, x.dtype))
+            return tirx.if_then_else(j < _i64(columns), load, tirx.const(0, x.dtype))
     else:
         # zero padding, widened on the right so that every column of a padded row reads
         # inside it (those columns are computed and never stored)
@@ -522,48 +533,45 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
         # (iw % sw, iw // sw), so that a panel reads consecutive columns of one phase
         # instead of gathering every sw-th element
         phase_w = -(-pad_w // sw)
-        batch_dim = batch if per_image else c(images)
+        batch_dim = batch if per_image else _i64(images)
 
-        def padded(b, ci, ih, iw):
-            inside = [ih >= c(top), ih < c(height + top), iw >= c(left), iw < c(width + left)]
-            return tirx.if_then_else(tirx.all(*inside), x[b, ci, ih - c(top), iw - c(left)],
-                                     tirx.const(0, x.dtype))
+        padded = _zero_padded(x, top, left, height, width)
 
         src = x
         if sw > 1:
             src = te.compute(
-                (batch_dim, c(channels), c(height + top + bottom), c(sw), c(phase_w)),
-                lambda b, ci, ih, ph, q: padded(b, ci, ih, q * c(sw) + ph), name="conv2d_pad")
+                (batch_dim, _i64(channels), _i64(height + top + bottom), _i64(sw), _i64(phase_w)),
+                lambda b, ci, ih, ph, q: padded(b, ci, ih, q * _i64(sw) + ph), name="conv2d_pad")
         elif any(plan.padding) or pad_w > width:
-            src = te.compute((batch_dim, c(channels), c(height + top + bottom), c(pad_w)),
+            src = te.compute((batch_dim, _i64(channels), _i64(height + top + bottom), _i64(pad_w)),
                              padded, name="conv2d_pad")
         blocks = row // nr
 
         def pack(img, pj, k, lane):
-            image_row, block = tirx.floordiv(pj, c(blocks)), tirx.floormod(pj, c(blocks))
-            b, oh = tirx.floordiv(image_row, c(out_h)), tirx.floormod(image_row, c(out_h))
+            image_row, block = tirx.floordiv(pj, _i64(blocks)), tirx.floormod(pj, _i64(blocks))
+            b, oh = tirx.floordiv(image_row, _i64(out_h)), tirx.floormod(image_row, _i64(out_h))
             b = image(img, b)
             ci, r, s = window(k)
-            ih = oh * c(sh) + r * c(dh)
+            ih = oh * _i64(sh) + r * _i64(dh)
             if sw > 1:  # column (block·NR + lane)·sw + s·dw: phase s·dw % sw
-                offset = s * c(dw)
-                return src[b, ci, ih, tirx.floormod(offset, c(sw)),
-                           block * c(nr) + lane + tirx.floordiv(offset, c(sw))]
-            return src[b, ci, ih, (block * c(nr) + lane) + s * c(dw)]
+                offset = s * _i64(dw)
+                return src[b, ci, ih, tirx.floormod(offset, _i64(sw)),
+                           block * _i64(nr) + lane + tirx.floordiv(offset, _i64(sw))]
+            return src[b, ci, ih, (block * _i64(nr) + lane) + s * _i64(dw)]
 
-    panels = stage((c(-(-columns // nr)), c(k_total), c(nr)),
+    panels = stage((_i64(-(-columns // nr)), _i64(k_total), _i64(nr)),
                    lambda *index: _widen(pack(*index)), "conv2d_im2col")
-    k = te.reduce_axis((0, c(k_total)), name="k")
+    k = te.reduce_axis((0, _i64(k_total)), name="k")
     gemm = stage(
-        (c(out_channels), c(columns)),
-        lambda img, co, j: te.sum(w[co, k] * panels[(*lead(img), tirx.floordiv(j, c(nr)), k,
-                                                     tirx.floormod(j, c(nr)))], axis=k),
+        (_i64(out_channels), _i64(columns)),
+        lambda img, co, j: te.sum(w[co, k] * panels[(*lead(img), tirx.floordiv(j, _i64(nr)), k,
+                                                     tirx.floormod(j, _i64(nr)))], axis=k),
         PACKED_GEMM)
     if per_image:
-        return _store(lambda b, co, oh, ow: gemm[b, co, oh * c(row) + ow], batch,
+        return _store(lambda b, co, oh, ow: gemm[b, co, oh * _i64(row) + ow], batch,
                       out_channels, plan, view)
-    return _store(lambda b, co, oh, ow: gemm[co, b * c(plan.image) + oh * c(row) + ow],
-                  c(images), out_channels, plan, view)
+    return _store(lambda b, co, oh, ow: gemm[co, b * _i64(plan.image) + oh * _i64(row) + ow],
+                  _i64(images), out_channels, plan, view)
 
 
 def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm,
@@ -579,10 +587,7 @@ def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm,
     n = int(plan.out_channels)
     k_total = int(bp.shape[1])
 
-    def c(v):
-        return tirx.const(v, "int64")
-
-    k = te.reduce_axis((0, c(k_total)), name="k")
+    k = te.reduce_axis((0, _i64(k_total)), name="k")
     src = x
     if any(plan.padding):
         # the zero-padded input (small: these maps have fewer positions than channels), so
@@ -590,21 +595,18 @@ def _conv2d_gemm_by_positions(x: te.Tensor, bp: te.Tensor, plan: ConvGemm,
         # a gather whose offsets split into a row's and a k's
         bottom, right = plan.padding[2], plan.padding[3]
 
-        def padded(b, ci, ih, iw):
-            inside = [ih >= c(top), ih < c(height + top), iw >= c(left), iw < c(width + left)]
-            return tirx.if_then_else(tirx.all(*inside), x[b, ci, ih - c(top), iw - c(left)],
-                                     tirx.const(0, x.dtype))
-        src = te.compute((batch, x.shape[1], c(height + top + bottom),
-                          c(width + left + right)), padded, name="conv2d_pad")
+        padded = _zero_padded(x, top, left, height, width)
+        src = te.compute((batch, x.shape[1], _i64(height + top + bottom),
+                          _i64(width + left + right)), padded, name="conv2d_pad")
 
     def value(b, oh, ow, j):
-        ci = tirx.floordiv(k, c(kh * kw))
-        r = tirx.floormod(tirx.floordiv(k, c(kw)), c(kh))
-        s = tirx.floormod(k, c(kw))
-        load = _widen(src[b, ci, oh * c(sh) + r * c(dh), ow * c(sw) + s * c(dw)])
-        return te.sum(load * bp[tirx.floordiv(j, c(nr)), k, tirx.floormod(j, c(nr))], axis=k)
+        ci = tirx.floordiv(k, _i64(kh * kw))
+        r = tirx.floormod(tirx.floordiv(k, _i64(kw)), _i64(kh))
+        s = tirx.floormod(k, _i64(kw))
+        load = _widen(src[b, ci, oh * _i64(sh) + r * _i64(dh), ow * _i64(sw) + s * _i64(dw)])
+        return te.sum(load * bp[tirx.floordiv(j, _i64(nr)), k, tirx.floormod(j, _i64(nr))], axis=k)
 
-    gemm = te.compute((batch, c(plan.out_h), c(plan.out_w), c(n)), value, name=PACKED_GEMM)
+    gemm = te.compute((batch, _i64(plan.out_h), _i64(plan.out_w), _i64(n)), value, name=PACKED_GEMM)
     return _store(lambda b, j, oh, ow: gemm[b, oh, ow, j], batch, n, plan, view)
 
 
@@ -645,23 +647,20 @@ def _taps(o, pad: int, kernel: int, stride: int, dilation: int, size: int) -> li
     """The (tap, input index, condition) that reach output index ``o`` along one axis:
     ``o + pad = i·stride + r·dilation``. Without dilation those are ``r = (o + pad) % stride
     + j·stride`` for ``j < ⌈kernel/stride⌉`` (one test each), else every tap is tested."""
-    def c(v):
-        return tirx.const(v, "int64")
-
-    t = o + c(pad)
+    t = o + _i64(pad)
     if dilation == 1:
         out = []
         for j in range(-(-kernel // stride)):
-            r = tirx.floormod(t, c(stride)) + c(j * stride)
-            i = tirx.floordiv(t, c(stride)) - c(j)
-            out.append((r, i, [r < c(kernel), i >= c(0), i < c(size)]))
+            r = tirx.floormod(t, _i64(stride)) + _i64(j * stride)
+            i = tirx.floordiv(t, _i64(stride)) - _i64(j)
+            out.append((r, i, [r < _i64(kernel), i >= _i64(0), i < _i64(size)]))
         return out
     out = []
     for r in range(kernel):
-        shifted = t - c(r * dilation)
-        i = tirx.floordiv(shifted, c(stride))
-        out.append((c(r), i, [tirx.floormod(shifted, c(stride)) == c(0), i >= c(0),
-                              i < c(size)]))
+        shifted = t - _i64(r * dilation)
+        i = tirx.floordiv(shifted, _i64(stride))
+        out.append((_i64(r), i, [tirx.floormod(shifted, _i64(stride)) == _i64(0), i >= _i64(0),
+                              i < _i64(size)]))
     return out
 
 
@@ -675,14 +674,11 @@ def conv2d_transpose_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
     top, left = conv.padding
     out_channels = int(cols.shape[1]) // (kh * kw)
 
-    def c(v):
-        return tirx.const(v, "int64")
-
     def value(b, co, oh, ow):
         terms = []
         for r, ih, row_ok in _taps(oh, top, kh, sh, dh, conv.in_h):
             for s, iw, col_ok in _taps(ow, left, kw, sw, dw, conv.in_w):
-                load = cols[b, co * c(kh * kw) + r * c(kw) + s, ih, iw]
+                load = cols[b, co * _i64(kh * kw) + r * _i64(kw) + s, ih, iw]
                 terms.append(load if conv.one_tap else tirx.if_then_else(
                     tirx.all(*row_ok, *col_ok), load, tirx.const(0, cols.dtype)))
         total = terms[0]
@@ -690,8 +686,8 @@ def conv2d_transpose_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
             total = total + term
         return total
 
-    return te.compute((cols.shape[0], c(out_channels), c(conv.out_h), c(conv.out_w)), value,
-                      name="conv2d_transpose_col2im")
+    return te.compute((cols.shape[0], _i64(out_channels), _i64(conv.out_h), _i64(conv.out_w)),
+                      value, name="conv2d_transpose_col2im")
 
 
 def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:

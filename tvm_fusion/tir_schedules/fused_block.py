@@ -34,6 +34,7 @@ from .cpu import schedule_cpu
 from .cpu_gemm import emit_packed_gemms, has_packed_gemm, prepare_packed_gemms
 from .cpu_target import CpuParams, cpu_params
 from .fast_math import fast_math
+from .half_in_float32 import HALF, WIDE, half_in_float32
 from .ieee import protect_negations
 from .inline import inline_producers
 from .optifx import try_schedule_conv_chain
@@ -77,6 +78,9 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
     if sites:
         result, emitted = emit_packed_gemms(result, sites, params)
     notes = emitted + gemm_notes + notes
+    if params.accumulates(HALF) == WIDE:  # no fp16 arithmetic: fp16 math in float32
+        result, half_notes = half_in_float32(result)
+        notes += half_notes
     if fast:  # last: TVM's inliners cannot analyse the Let bindings it introduces
         result = fast_math(result)
     reasons = kept_reasons(result, kept, notes)

@@ -7,7 +7,9 @@ Two steps per PrimFunc, on one :class:`tvm.s_tir.Schedule`:
    producers (data movement becomes index changes) unless recomputation costs more than a
    buffer; each survivor's reason is recorded;
 2. the CPU rules (:mod:`.cpu`) tile the Many-to-Many anchor with its epilogue stored from the
-   accumulator, compute row statistics per row, vectorise and parallelise.
+   accumulator, compute row statistics per row, vectorise and parallelise. On a target
+   without fp16 arithmetic, fp16 epilogues then compute in float32 and round once at the
+   store, and paddings read through casts are kept in float32 (:mod:`.half_in_float32`).
 
 Recorded on each function (for ``tvm-fusion report`` and the tests; names in :mod:`.records`):
 

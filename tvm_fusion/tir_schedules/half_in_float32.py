@@ -221,9 +221,17 @@ def _split_padding(func: tirx.PrimFunc, name: str) -> tirx.PrimFunc | None:
     return sch.mod["main"]
 
 
+def _has_half_buffer(func: tirx.PrimFunc) -> bool:
+    buffers = [p for p in func.params if hasattr(p, "dtype")]
+    buffers += [b for block in find_all(func.body, SBlock) for b in block.alloc_buffers]
+    return any(_base(b.dtype) == HALF for b in buffers)
+
+
 def half_in_float32(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, list[str]]:
     """:func:`evaluate_in_float32` then :func:`widen_upcast_buffers`, with one schedule note
     for each that changed ``func``."""
+    if not _has_half_buffer(func):  # nothing to do: no walk of a float32 kernel
+        return func, []
     func, rounded = evaluate_in_float32(func)
     func, widened = widen_upcast_buffers(func)
     notes = []

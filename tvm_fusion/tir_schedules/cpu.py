@@ -28,6 +28,7 @@ from .cpu_tile import (
     deinterleave_strided,
     plan_tile,
     schedule_tile,
+    split_channel_groups,
     tile_shapes,
     transpose_to_vector_axis,
 )
@@ -60,6 +61,12 @@ def schedule_cpu(sch: s_tir.Schedule, params: CpuParams, tile: bool = True,
                 if staged:
                     notes.extend(staged)
                     shapes = tile_shapes(sch)
+                    facts = block_facts(sch, block_rv)
+                    plan = plan_tile(facts, shapes, params) if facts is not None else None
+            if plan is not None and (plan.u is None or plan.u_window):
+                staged = split_channel_groups(sch, block_rv, facts)
+                if staged:  # the block's iterators changed: plan again
+                    notes.extend(staged)
                     facts = block_facts(sch, block_rv)
                     plan = plan_tile(facts, shapes, params) if facts is not None else None
             if plan is not None:

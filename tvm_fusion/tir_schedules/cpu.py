@@ -63,12 +63,11 @@ def schedule_cpu(sch: s_tir.Schedule, params: CpuParams, tile: bool = True,
                     shapes = tile_shapes(sch)
                     facts = block_facts(sch, block_rv)
                     plan = plan_tile(facts, shapes, params) if facts is not None else None
-            if plan is not None and (plan.u is None or plan.u_window):
-                staged = split_channel_groups(sch, block_rv, facts)
-                if staged:  # the block's iterators changed: plan again
-                    notes.extend(staged)
-                    facts = block_facts(sch, block_rv)
-                    plan = plan_tile(facts, shapes, params) if facts is not None else None
+            if plan is not None and (plan.u is None or plan.u_window) and _reuses_groups(
+                    sch, block_rv, facts, shapes, params):
+                notes.extend(split_channel_groups(sch, block_rv, facts))
+                facts = block_facts(sch, block_rv)  # the block's iterators changed: plan again
+                plan = plan_tile(facts, shapes, params) if facts is not None else None
             if plan is not None:
                 staged = deinterleave_strided(sch, block_rv, facts, kept)
                 if staged:  # the layout changed: plan again on the new indices
@@ -103,6 +102,19 @@ def schedule_cpu(sch: s_tir.Schedule, params: CpuParams, tile: bool = True,
         group = _row_group(sch, pending, facts, outputs)
         notes.append(_schedule_spatial_sink(sch, sink, facts, group, params, done))
         done.add(facts.name)
+
+
+def _reuses_groups(sch: s_tir.Schedule, block_rv, facts: BlockFacts, shapes: dict,
+                   params: CpuParams) -> bool:
+    """Whether splitting a grouped conv's channels (on a copy of the schedule) gives a tile
+    with a register reuse axis: a group of 13 channels does not (no divisor fits the
+    registers), and its depthwise-like plan then stays."""
+    trial = sch.copy()
+    if not split_channel_groups(trial, block_rv, facts):
+        return False
+    replanned = block_facts(trial, block_rv)
+    plan = plan_tile(replanned, shapes, params) if replanned is not None else None
+    return plan is not None and plan.u is not None and not plan.u_window
 
 
 def _row_group(sch: s_tir.Schedule, pending: list, sink: BlockFacts, outputs: set[str]) -> list:

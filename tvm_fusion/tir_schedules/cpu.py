@@ -255,14 +255,16 @@ def _split_lanes(sch: s_tir.Schedule, group: list, params: CpuParams) -> tuple[l
     result, partials = [], set()
     for block_rv in group:
         facts = block_facts(sch, block_rv)
-        loop = _contiguous_reduction_loop(sch, block_rv, facts)
-        extent = loop_extent(sch, loop) if loop is not None else None
+        run = _contiguous_reduction_loops(sch, block_rv, facts)
+        extents = [loop_extent(sch, lp) for lp in run]
+        extent = int(np.prod(extents)) if run and None not in extents else None
         lanes = params.for_dtype(facts.dtype).lanes if facts is not None else params.lanes
         step = next((s for s in (lanes, lanes // 2, lanes // 4)
                      if s > 1 and extent is not None and extent % s == 0
                      and extent >= 2 * lanes), None)
         if step is not None:
             try:
+                loop = sch.fuse(*run) if len(run) > 1 else run[0]
                 _, lane = sch.split(loop, factors=[None, step])
                 rf = sch.rfactor(lane, factor_axis=len(facts.write_indices))
                 result.append(rf)
@@ -273,25 +275,26 @@ def _split_lanes(sch: s_tir.Schedule, group: list, params: CpuParams) -> tuple[l
     return result, partials
 
 
-def _contiguous_reduction_loop(sch: s_tir.Schedule, block_rv, facts: BlockFacts | None):
-    """The loop running over the reduction's contiguous elements: the loop of its only
-    reduction iterator, or the fusion of its innermost loops when those are all its
+def _contiguous_reduction_loops(sch: s_tir.Schedule, block_rv,
+                                facts: BlockFacts | None) -> list:
+    """The loops running over the reduction's contiguous elements, to be fused into one run:
+    the loop of its only reduction iterator, or its innermost loops when those are all its
     reduction iterators and every read indexes its last dimensions with them, in order and
-    whole (so the fused index walks memory contiguously). None otherwise."""
+    whole (so the fused index walks memory contiguously). Empty otherwise."""
     loops = sch.get_loops(block_rv)
     if facts is None or not facts.reduce or not loops:
-        return None
+        return []
     if len(facts.reduce) == 1:
         extent = loop_extent(sch, loops[-1])
-        return loops[-1] if extent == facts.extents[facts.reduce[0].name] else None
+        return [loops[-1]] if extent == facts.extents[facts.reduce[0].name] else []
     count = len(facts.reduce)
     by_var = loops_by_var(sch, block_rv)
     names = [k.name for k in facts.reduce]
     if by_var is None or len(loops) < count or any(n not in by_var for n in names):
-        return None
+        return []
     inner = loops[-count:]
     if [sch.get(lp) for lp in inner] != [sch.get(by_var[n]) for n in names]:
-        return None
+        return []
     for read in facts.reads:
         if not index_uses(read.indices, facts.reduce[0]):
             continue
@@ -299,11 +302,8 @@ def _contiguous_reduction_loop(sch: s_tir.Schedule, block_rv, facts: BlockFacts 
         shape = tile_shapes(sch).get(read.buffer)
         if tail != names or shape is None or any(
                 loop_extent(sch, lp) != const_int(dim) for lp, dim in zip(inner, shape[-count:])):
-            return None
-    try:
-        return sch.fuse(*inner)
-    except s_tir.ScheduleError:
-        return None
+            return []
+    return inner
 
 
 def _vectorize_partials(sch: s_tir.Schedule, rf_rv, facts: BlockFacts | None,
@@ -314,7 +314,6 @@ def _vectorize_partials(sch: s_tir.Schedule, rf_rv, facts: BlockFacts | None,
     reduce = [k for k in facts.reduce if facts.extents[k.name] != 1] if facts else []
     if facts is None or by_var is None or len(reduce) != 1:
         return "serial"
-    params = params.for_dtype(facts.dtype)
     lane = getattr(facts.write_indices[-1], "name", None)  # rfactor's axis: the last index
     if lane not in by_var or reduce[0].name not in by_var:
         return "serial"

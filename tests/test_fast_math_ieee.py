@@ -34,3 +34,18 @@ def test_special_values_as_the_exact_functions(op, fast_math):
     x = np.stack([EDGES, np.nan_to_num(EDGES, nan=0.0, posinf=1.0, neginf=-1.0) * 0.01])
     got = run(compile_model(import_onnx(model), "llvm", fast_math=fast_math), [x])
     compare(got, onnx_reference(model, {"x": x}), rtol=1e-5, atol=1e-6)
+
+
+def test_silu_at_the_edges():
+    """x · sigmoid(x), the fast sigmoid's own clamp (±88, one 2^n scale): far below -88 the
+    product stays 0 (a clamped sigmoid's 6e-39 times -1e30 would not), NaN propagates."""
+    edges = np.concatenate([EDGES, np.array([-1e30, -3e38, 1e30, -88.0, 88.0, -87.9],
+                                            dtype=np.float32)])
+    graph = helper.make_graph(
+        [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])],
+        "silu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, edges.size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, edges.size])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    x = edges[None]
+    got = run(compile_model(import_onnx(model), "llvm"), [x])
+    compare(got, onnx_reference(model, {"x": x}), rtol=1e-5, atol=1e-6)

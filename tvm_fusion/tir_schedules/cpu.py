@@ -21,12 +21,14 @@ from __future__ import annotations
 import numpy as np
 from tvm import s_tir
 
+from ..tir_utils import const_int
 from .analysis import BlockFacts, block_facts, index_uses, param_names, root_block
 from .cpu_target import CpuParams
 from .cpu_tile import (
     deinterleave_strided,
     plan_tile,
     schedule_tile,
+    split_channel_groups,
     tile_shapes,
     transpose_to_vector_axis,
 )
@@ -61,6 +63,11 @@ def schedule_cpu(sch: s_tir.Schedule, params: CpuParams, tile: bool = True,
                     shapes = tile_shapes(sch)
                     facts = block_facts(sch, block_rv)
                     plan = plan_tile(facts, shapes, params) if facts is not None else None
+            if plan is not None and (plan.u is None or plan.u_window) and _reuses_groups(
+                    sch, block_rv, facts, shapes, params):
+                notes.extend(split_channel_groups(sch, block_rv, facts))
+                facts = block_facts(sch, block_rv)  # the block's iterators changed: plan again
+                plan = plan_tile(facts, shapes, params) if facts is not None else None
             if plan is not None:
                 staged = deinterleave_strided(sch, block_rv, facts, kept)
                 if staged:  # the layout changed: plan again on the new indices
@@ -95,6 +102,19 @@ def schedule_cpu(sch: s_tir.Schedule, params: CpuParams, tile: bool = True,
         group = _row_group(sch, pending, facts, outputs)
         notes.append(_schedule_spatial_sink(sch, sink, facts, group, params, done))
         done.add(facts.name)
+
+
+def _reuses_groups(sch: s_tir.Schedule, block_rv, facts: BlockFacts, shapes: dict,
+                   params: CpuParams) -> bool:
+    """Whether splitting a grouped conv's channels (on a copy of the schedule) gives a tile
+    with a register reuse axis: a group of 13 channels does not (no divisor fits the
+    registers), and its depthwise-like plan then stays."""
+    trial = sch.copy()
+    if not split_channel_groups(trial, block_rv, facts):
+        return False
+    replanned = block_facts(trial, block_rv)
+    plan = plan_tile(replanned, shapes, params) if replanned is not None else None
+    return plan is not None and plan.u is not None and not plan.u_window
 
 
 def _row_group(sch: s_tir.Schedule, pending: list, sink: BlockFacts, outputs: set[str]) -> list:
@@ -223,21 +243,29 @@ def _shallowest_same_work(sch: s_tir.Schedule, block_rv, loops: list, depth: int
 
 
 def _split_lanes(sch: s_tir.Schedule, group: list, params: CpuParams) -> tuple[list, set[str]]:
-    """Give each row reduction over one long innermost axis ``lanes`` partial results
-    (``rfactor``), so the reduction runs as vector adds/maxes and only ``lanes`` values are
-    combined serially: a serial float sum waits on each add's latency. Done before the
-    blocks are attached (``rfactor`` needs the reduction alone under its loops)."""
+    """Give each row reduction over one long contiguous run of elements ``lanes`` partial
+    results (``rfactor``), so the reduction runs as vector adds/maxes and only ``lanes``
+    values are combined serially: a serial float sum waits on each add's latency (a global
+    average pool over 144 channels of 56×56 took 0.42 ms one add at a time, at Zen 3's
+    3-cycle add latency). The run is the reduction's one axis, or its several innermost axes
+    fused when every operand stores them as its last dimensions (a pool over (h, w)); a run
+    that whole vectors do not divide takes half or quarter vectors (14×14 = 4·49), else stays
+    serial. Done before the blocks are attached (``rfactor`` needs the reduction alone under
+    its loops)."""
     result, partials = [], set()
     for block_rv in group:
         facts = block_facts(sch, block_rv)
-        loops = sch.get_loops(block_rv)
-        extent = loop_extent(sch, loops[-1]) if loops else None
+        run = _contiguous_reduction_loops(sch, block_rv, facts)
+        extents = [loop_extent(sch, lp) for lp in run]
+        extent = int(np.prod(extents)) if run and None not in extents else None
         lanes = params.for_dtype(facts.dtype).lanes if facts is not None else params.lanes
-        if (facts is not None and len(facts.reduce) == 1 and extent is not None
-                and extent == facts.extents[facts.reduce[0].name]
-                and extent % lanes == 0 and extent >= 2 * lanes):
+        step = next((s for s in (lanes, lanes // 2, lanes // 4)
+                     if s > 1 and extent is not None and extent % s == 0
+                     and extent >= 2 * lanes), None)
+        if step is not None:
             try:
-                _, lane = sch.split(loops[-1], factors=[None, lanes])
+                loop = sch.fuse(*run) if len(run) > 1 else run[0]
+                _, lane = sch.split(loop, factors=[None, step])
                 rf = sch.rfactor(lane, factor_axis=len(facts.write_indices))
                 result.append(rf)
                 partials.add(sch.get(rf).name_hint)
@@ -247,23 +275,55 @@ def _split_lanes(sch: s_tir.Schedule, group: list, params: CpuParams) -> tuple[l
     return result, partials
 
 
+def _contiguous_reduction_loops(sch: s_tir.Schedule, block_rv,
+                                facts: BlockFacts | None) -> list:
+    """The loops running over the reduction's contiguous elements, to be fused into one run:
+    the loop of its only reduction iterator, or its innermost loops when those are all its
+    reduction iterators and every read indexes its last dimensions with them, in order and
+    whole (so the fused index walks memory contiguously). Empty otherwise."""
+    loops = sch.get_loops(block_rv)
+    if facts is None or not facts.reduce or not loops:
+        return []
+    if len(facts.reduce) == 1:
+        extent = loop_extent(sch, loops[-1])
+        return [loops[-1]] if extent == facts.extents[facts.reduce[0].name] else []
+    count = len(facts.reduce)
+    by_var = loops_by_var(sch, block_rv)
+    names = [k.name for k in facts.reduce]
+    if by_var is None or len(loops) < count or any(n not in by_var for n in names):
+        return []
+    inner = loops[-count:]
+    if [sch.get(lp) for lp in inner] != [sch.get(by_var[n]) for n in names]:
+        return []
+    for read in facts.reads:
+        if not index_uses(read.indices, facts.reduce[0]):
+            continue
+        tail = [getattr(ix, "name", None) for ix in read.indices[-count:]]
+        shape = tile_shapes(sch).get(read.buffer)
+        if tail != names or shape is None or any(
+                loop_extent(sch, lp) != const_int(dim) for lp, dim in zip(inner, shape[-count:])):
+            return []
+    return inner
+
+
 def _vectorize_partials(sch: s_tir.Schedule, rf_rv, facts: BlockFacts | None,
                         params: CpuParams) -> str:
     """Put the partial-result block's lane loop innermost and vectorise it."""
     by_var = loops_by_var(sch, rf_rv)
-    if facts is None or by_var is None or len(facts.reduce) != 1:
+    # (a unit reduction iterator, left by fusing a unit axis into the run, runs once)
+    reduce = [k for k in facts.reduce if facts.extents[k.name] != 1] if facts else []
+    if facts is None or by_var is None or len(reduce) != 1:
         return "serial"
-    params = params.for_dtype(facts.dtype)
     lane = getattr(facts.write_indices[-1], "name", None)  # rfactor's axis: the last index
-    if lane not in by_var or facts.reduce[0].name not in by_var:
+    if lane not in by_var or reduce[0].name not in by_var:
         return "serial"
-    lane_loop, outer = by_var[lane], by_var[facts.reduce[0].name]
+    lane_loop, outer = by_var[lane], by_var[reduce[0].name]
     try:
         sch.reorder(outer, lane_loop)
         sch.vectorize(lane_loop)
     except s_tir.ScheduleError:
         return "serial"
-    return f"{params.lanes} partial sums"
+    return f"{loop_extent(sch, lane_loop)} partial sums"
 
 
 def _schedule_reduction_sink(sch, block_rv, facts: BlockFacts, params: CpuParams) -> str:

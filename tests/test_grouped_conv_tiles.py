@@ -1,0 +1,151 @@
+"""Grouped convs tile with the channel in its group as the reuse axis (``cpu_tile.
+split_channel_groups``), and global pools sum in vector partial sums (``cpu._split_lanes``).
+
+A grouped conv reads its input at ``ff // G · C + rc``: before the split no iterator was free
+of the input, so it tiled like a depthwise conv and loaded every input vector once per output
+channel. Each case is checked against ONNX Runtime and the unscheduled build; the notes say
+which schedule was taken; AVX-512 and AArch64 are compiled only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from asm_inspect import AARCH64, AVX512, ZEN3
+from conftest import TARGET
+from onnx import TensorProto, helper, numpy_helper
+
+from tvm_fusion.compile import compile_model, fuse, import_onnx, run
+from tvm_fusion.feeds import random_inputs
+from tvm_fusion.numerics import compare, onnx_reference
+from tvm_fusion.testing.notes import schedule_notes
+
+
+def _model(nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _vi(name, shape):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _act(kind: str, src: str, dst: str) -> list:
+    if kind == "Silu":
+        return [helper.make_node("Sigmoid", [src], ["s"]),
+                helper.make_node("Mul", [src, "s"], [dst])]
+    return [helper.make_node(kind, [src], [dst])]
+
+
+def _grouped(cin, cout, size, group, stride=1, act="Relu", batch=1, kernel=3):
+    rng = np.random.default_rng(0)
+    pad = kernel // 2
+    out = (size + 2 * pad - kernel) // stride + 1
+    w = rng.standard_normal((cout, cin // group, kernel, kernel)) / np.sqrt(cin // group * 9)
+    inits = [numpy_helper.from_array(w.astype("float32"), "w"),
+             numpy_helper.from_array(rng.standard_normal(cout).astype("float32"), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[kernel, kernel],
+                              pads=[pad] * 4, strides=[stride, stride], group=group)]
+    nodes += _act(act, "c", "y")
+    return _model(nodes, [_vi("x", [batch, cin, size, size])],
+                  [_vi("y", [batch, cout, out, out])], inits)
+
+
+def _host_has(feature: str) -> bool:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return f" {feature}" in handle.read()
+    except OSError:
+        return False
+
+
+def _check(model, target, **feeds_override):
+    """Numerics on ``target`` (AVX2 code runs only where the CPU has it); returns the notes."""
+    if target is ZEN3 and not (_host_has("avx2") and _host_has("fma")):
+        pytest.skip("this CPU has no AVX2/FMA")
+    mod = import_onnx(model)
+    feeds = random_inputs(model, shape_overrides=feeds_override or None)
+    got = run(compile_model(mod, target, conv_layout="NCHW"), [feeds["x"]])
+    plain = run(compile_model(mod, target, conv_layout="NCHW", schedule=False), [feeds["x"]])
+    compare(got, plain, rtol=1e-4, atol=1e-5)
+    compare(got, onnx_reference(model, feeds), rtol=1e-4, atol=1e-4)
+    return schedule_notes(fuse(mod, target, conv_layout="NCHW"))
+
+
+@pytest.mark.parametrize("cin, cout, size, group, stride, act", [
+    (48, 48, 14, 6, 1, "Relu"),  # RegNetY's 8 channels a group
+    (48, 48, 15, 6, 2, "Relu"),  # stride 2, odd map
+    (24, 36, 9, 3, 1, "HardSwish"),  # 12 output channels a group from 8 inputs
+    (20, 30, 12, 5, 1, "Silu"),  # 6 a group: does not divide the vector width
+    (30, 30, 13, 3, 2, "Relu"),  # 10 a group, odd map, stride 2
+])
+def test_grouped_conv_reuses_input_across_its_group(cin, cout, size, group, stride, act):
+    notes = _check(_grouped(cin, cout, size, group, stride, act), ZEN3)
+    per_group = cout // group
+    assert f"split into {group} groups × {per_group} channels" in notes, notes
+    assert "tile conv" in notes, notes
+
+
+def test_grouped_conv_on_the_baseline_target():
+    """SSE's 4 lanes: the same split, numerics on the default test target."""
+    notes = _check(_grouped(8, 16, 10, 2), TARGET)
+    assert "split into 2 groups × 8 channels" in notes, notes
+
+
+def test_grouped_conv_symbolic_batch():
+    model = _grouped(16, 16, 12, 2, act="Silu", batch="batch")
+    notes = _check(model, ZEN3, batch=2)
+    assert "split into 2 groups" in notes, notes
+
+
+def test_depthwise_dense_and_prime_groups_are_not_split():
+    """One channel a group (depthwise) reads the input at ``ff``; a dense conv at ``rc``; a
+    group of 13 channels has no register tile (13 is prime), so the split would not pay."""
+    for model in (_grouped(8, 8, 12, 8), _grouped(8, 8, 12, 1), _grouped(26, 26, 13, 2, 2)):
+        assert "groups ×" not in _check(model, ZEN3)
+
+
+@pytest.mark.parametrize("target", [AVX512, AARCH64], ids=["avx512", "aarch64"])
+def test_grouped_conv_cross_compiles(target):
+    if "aarch64" in str(target) and "aarch64" not in str(tvm.target.codegen.llvm_get_targets()):
+        pytest.skip("LLVM built without the AArch64 backend")
+    model = _grouped(48, 48, 14, 6, act="Silu")
+    notes = schedule_notes(fuse(import_onnx(model), target, conv_layout="NCHW"))
+    assert "split into 6 groups × 8 channels" in notes and "tile conv" in notes, notes
+    asm = "\n".join(m.inspect_source("asm") for m in compile_model(
+        import_onnx(model), target, conv_layout="NCHW").mod.imports)
+    assert ("fmla" if "aarch64" in str(target) else "vfmadd") in asm
+
+
+# ------------------------------------------------------------------ global pools
+
+
+def _pool(channels, h, w, batch=1):
+    return _model([helper.make_node("GlobalAveragePool", ["x"], ["y"])],
+                  [_vi("x", [batch, channels, h, w])], [_vi("y", [batch, channels, 1, 1])])
+
+
+@pytest.mark.parametrize("shape, sums", [
+    ((8, 56, 56), "8 partial sums"),  # 3136 = 392 vectors
+    ((5, 14, 14), "4 partial sums"),  # 196 = 4 · 49: half vectors
+    ((3, 7, 7), None),  # 49: no vector divides it, serial
+    ((4, 13, 17), None),
+    ((2, 1, 64), "8 partial sums"),  # a unit row fused into the run
+])
+def test_global_pool_sums_in_vector_partials(shape, sums):
+    notes = _check(_pool(*shape), ZEN3)
+    if sums is None:
+        assert "partial sums" not in notes, notes
+    else:
+        assert sums in notes, notes
+
+
+def test_global_pool_symbolic_batch_and_cross_targets():
+    model = _pool(6, 28, 28, batch="batch")
+    assert "8 partial sums" in _check(model, ZEN3, batch=3)
+    notes = schedule_notes(fuse(import_onnx(_pool(6, 28, 28)), AVX512))
+    assert "16 partial sums" in notes, notes
+    if "aarch64" in str(tvm.target.codegen.llvm_get_targets()):
+        notes = schedule_notes(fuse(import_onnx(_pool(6, 28, 28)), AARCH64))
+        assert "4 partial sums" in notes, notes

@@ -262,7 +262,7 @@ def _merge_lanes(p, mb, lb, cb, acc, st, batch, row, tx, ty, tid, lanes):
         d = ch * lanes + tx
         with T.If(tirx.And(row < p.sq, d < dv)):
             with T.Then():
-                o = total[0] / st[1]
+                o = p.normalise(total[0], st[1])
                 index = [value_at(ix, p, batch, i=row, d=d) for ix in p.out_index]
                 T.buffer_store(p.out, value_at(p.out_value, p, batch, i=row, d=d, o=o), index)
         T.evaluate(T.tvm_storage_sync("shared"))

@@ -132,6 +132,16 @@ def test_different_batch_axes_are_not_unflattened():
     tvm.ir.assert_structural_equal(UnflattenBatchMatmul()(Mixed), Mixed)
 
 
+def _masked_inputs():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 40, 64)).astype("float32") for _ in range(3))
+    mask = np.zeros((1, 1, 40, 40), "float32")
+    mask[0, 0, 3, :] = -np.inf  # an empty row: zeros (softmax alone: NaN)
+    mask[0, 0, 5, 10:] = -np.inf
+    mask[0, 0, 6, :] = np.finfo(np.float32).min
+    return [q, k, v, mask]
+
+
 def test_safe_softmax_attention_is_fused_and_matches_onnx_runtime_and_stock():
     """The ONNX form of torch's decomposition, with rows masked entirely by -inf: one fused
     attention, whose empty rows are 0 as ONNX Runtime's and stock TVM's."""
@@ -142,15 +152,34 @@ def test_safe_softmax_attention_is_fused_and_matches_onnx_runtime_and_stock():
              if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and ATTENTION_ATTR in f.attrs]
     assert len(funcs) == 1
     ours_ex, stock_ex = compile_model(mod, TARGET), compile_model(mod, TARGET, strategy="tvm")
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((1, 40, 64)).astype("float32") for _ in range(3))
-    mask = np.zeros((1, 1, 40, 40), "float32")
-    mask[0, 0, 3, :] = -np.inf  # an empty row: zeros (softmax alone: NaN)
-    mask[0, 0, 5, 10:] = -np.inf
-    mask[0, 0, 6, :] = np.finfo(np.float32).min
-    inputs = [q, k, v, mask]
+    inputs = _masked_inputs()
     ours, stock = run(ours_ex, inputs)[0], run(stock_ex, inputs)[0]
-    ref = onnx_reference(model, dict(zip("qkv", (q, k, v)), mask=mask))[0]
+    ref = onnx_reference(model, dict(zip(["q", "k", "v", "mask"], inputs)))[0]
     assert (ours[0, 3] == 0).all() and np.isfinite(ours).all()
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ours, stock, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("safe", [False, True], ids=["softmax", "safe_softmax"])
+def test_gpu_template_on_rows_masked_entirely_on_pocl(safe):
+    """Row 3 masked by -inf (NaN, or 0 from a safe softmax), row 6 by the lowest float
+    (uniform weights: the kernel's running max starts at exactly that value, which TVM's
+    OpenCL code generator printed as ``-3.402823e+38f``, above it)."""
+    from tvm_fusion import pipeline
+    from tvm_fusion.layout import opencl_runner
+    from tvm_fusion.transform import Sequential
+
+    ok, why = opencl_runner.available()
+    if not ok:
+        pytest.skip(why)
+    target = tvm.target.Target({"kind": "opencl"}, host="llvm")
+    model = attention_model("bert", seq=40, mask_rows=True, safe_softmax=safe)
+    with target:
+        mod = pipeline.build(target, Sequential(target), lower=False)(import_onnx(model))
+    assert [f for f in mod.functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and ATTENTION_ATTR in f.attrs]
+    inputs = _masked_inputs()
+    ours = opencl_runner.OpenCLRunner().run_module(mod, inputs, target)[0]
+    ref = onnx_reference(model, dict(zip(["q", "k", "v", "mask"], inputs)))[0]
+    assert (ours[0, 3] == 0).all() if safe else np.isnan(ours[0, 3]).all()
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)  # NaN where ORT has NaN

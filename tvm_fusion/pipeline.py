@@ -48,6 +48,7 @@ from .relay_passes.compound_extents import BindCompoundExtents
 from .relay_passes.fusion_guard import FusionGuard
 from .relay_passes.fusion_plan import PlanOptions
 from .relay_passes.index_masks import RecomputeIndexMasks
+from .relay_passes.legalize_repairs import LegalizeNonFiniteFull
 from .relay_passes.mapping_type import AnnotateMappingType
 from .relay_passes.plan_fusion import PlanFusion
 from .relay_passes.repack_storage import RepackStorage
@@ -99,7 +100,8 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
     ``apollo_fail_hook`` are Apollo's (strategy ``"apollo"``)."""
     strategy, rewriting, smartmem = opts.planning.strategy, opts.rewriting, opts.smartmem
     ours = strategy != "tvm"  # "tvm" is stock TVM's graph passes, kept pure
-    passes = []
+    # TVM's legalisation of full(-inf) raises (its FoldConstant's too): every strategy
+    passes = [LegalizeNonFiniteFull()]
     if ours:  # torch.export's attention: bmm over batch·heads, safe softmax (nine operators)
         passes += [UnflattenBatchMatmul(), FoldSafeSoftmax()]
     pack = opts.scheduling.pack_weights and target.kind.name == "llvm"

@@ -305,7 +305,7 @@ def promote_f32(expr):
                 return tirx.Select(e.condition, e.true_value, e.false_value)
             return e
         if isinstance(e, tvm.ir.Call) and e.args and _is_float(str(e.ty)) and str(e.ty) != F32:
-            if isinstance(e.op, tvm.ir.Op) and e.op.name == "tirx.if_then_else":
+            if isinstance(e.op, tvm.ir.Op) and e.op.name.endswith("if_then_else"):
                 return tirx.if_then_else(*e.args)
             return tvm.ir.Call(F32, e.op, list(e.args))
         return widen(e)

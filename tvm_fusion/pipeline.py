@@ -43,14 +43,17 @@ from .options import Options
 from .relay_passes.accumulate import AccumulateInFloat32, widened_legalizations
 from .relay_passes.apollo.feedback import ApolloFuse, Blocklist
 from .relay_passes.apollo.partition import ApolloOptions
+from .relay_passes.batch_views import UnflattenBatchMatmul
 from .relay_passes.compound_extents import BindCompoundExtents
 from .relay_passes.fusion_guard import FusionGuard
 from .relay_passes.fusion_plan import PlanOptions
 from .relay_passes.index_masks import RecomputeIndexMasks
+from .relay_passes.legalize_repairs import LegalizeNonFiniteFull
 from .relay_passes.mapping_type import AnnotateMappingType
 from .relay_passes.plan_fusion import PlanFusion
 from .relay_passes.repack_storage import RepackStorage
 from .relay_passes.rewrite.math_properties import RewriteByMathProperties
+from .relay_passes.safe_softmax import FoldSafeSoftmax
 from .relay_passes.take_bounds import ClampTakeIndices
 from .tir_schedules.fused_block import ScheduleFusedBlocks
 from .tir_schedules.gpu import apply_gpu_schedules
@@ -97,7 +100,10 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
     ``apollo_fail_hook`` are Apollo's (strategy ``"apollo"``)."""
     strategy, rewriting, smartmem = opts.planning.strategy, opts.rewriting, opts.smartmem
     ours = strategy != "tvm"  # "tvm" is stock TVM's graph passes, kept pure
-    passes = []
+    # TVM's legalisation of full(-inf) raises (its FoldConstant's too): every strategy
+    passes = [LegalizeNonFiniteFull()]
+    if ours:  # torch.export's attention: bmm over batch·heads, safe softmax (nine operators)
+        passes += [UnflattenBatchMatmul(), FoldSafeSoftmax()]
     pack = opts.scheduling.pack_weights and target.kind.name == "llvm"
     if pack and ours and rewriting.rewrite:
         # weight-only quantized weights first: the rewriting's FoldConstant would fold their

@@ -683,7 +683,8 @@ def emit_attention(b: Builder, t: str):
     block has a single input: a kernel without a root block failed TVM's Relax lowering), with
     a rotate-half on Q and K (RoPE's index arithmetic once fell back silently), an optional
     constant causal mask (read back as ``j > i`` by the CPU template) and the products written
-    either as ``MatMul`` or as torch.export's ``bmm`` (Expand and Reshape around each product)."""
+    either as ``MatMul`` or as torch.export's ``bmm`` (Expand and Reshape around each product),
+    the softmax optionally torch.export's safe one (a row of only -inf gives 0)."""
     sh = b.shape(t)
     if len(sh) != 3:
         return None
@@ -716,6 +717,9 @@ def emit_attention(b: Builder, t: str):
     if rng.random() < 0.5:
         mask = np.triu(np.full((seq, seq), _pick(rng, [-1e9, -np.inf]), np.float32), 1)
     bmm = rng.random() < 0.5
+    safe = rng.random() < 0.5  # torch.export's _safe_softmax (relay_passes/safe_softmax.py)
+    if safe and mask is not None and np.isinf(mask).any():
+        mask[0, :] = -np.inf  # a query row masked entirely: 0 from a safe softmax, not NaN
 
     def matmul(x, y):
         """``x @ y``, or as torch.export writes it (``bmm``): each operand expanded to its own
@@ -733,6 +737,12 @@ def emit_attention(b: Builder, t: str):
     if mask is not None:
         scores = node("Add", [scores, b.const(mask)])
     probs = node("Softmax", [scores], axis=-1)
+    if safe:  # where(no score above -inf in the row, 0, softmax)
+        finite = node("Not", [node("Equal", [scores, b.const(np.float32(-np.inf))])])
+        any_finite = node("ReduceMax", [node("Cast", [finite], to=TensorProto.INT8),
+                                        ints([-1])], keepdims=1)
+        empty = node("Not", [node("Cast", [any_finite], to=TensorProto.BOOL)])
+        probs = node("Where", [empty, b.const(np.float32(0.0)), probs])
     out = node("Transpose", [matmul(probs, v)], perm=[0, 2, 1, 3])
     return node("Reshape", [out, ints([0, 0, hd])])
 

@@ -64,6 +64,18 @@ class _Builder(GraphBuilder):
     def node(self, op: str, *inputs: str, **attrs) -> str:
         return self.add_node(op, inputs, [self.fresh(op.lower())], **attrs)[0]
 
+    def softmax(self, s: str, safe: bool = False) -> str:
+        """Softmax over the last axis; ``safe``: PyTorch's ``_safe_softmax`` as torch.export
+        decomposes it, a row of only ``-inf`` giving 0 instead of NaN."""
+        p = self.node("Softmax", s, axis=-1)
+        if not safe:
+            return p
+        finite = self.node("Not", self.node("Equal", s, self.const(-np.inf)))
+        any_finite = self.node("ReduceMax", self.node("Cast", finite, to=TensorProto.INT8),
+                               axes=[-1], keepdims=1)
+        empty = self.node("Not", self.node("Cast", any_finite, to=TensorProto.BOOL))
+        return self.node("Where", empty, self.const(0.0), p)
+
     def heads(self, t: str, heads: int, dim: int, perm) -> str:
         """``[b, s, heads·dim]`` → Reshape ``[b, s, heads, dim]`` → Transpose ``perm``."""
         r = self.node("Reshape", t, self.ints([0, 0, heads, dim]))
@@ -144,9 +156,10 @@ def _qkv_inputs(b: _Builder, batch, seq, widths, project: bool, hidden: int) -> 
 
 
 def bert_attention(batch=1, seq=64, heads=4, head_dim=16, dtype="float32", project=False,
-                   mask_rows=False, seed=0) -> onnx.ModelProto:
+                   mask_rows=False, safe_softmax=False, seed=0) -> onnx.ModelProto:
     """BERT: additive mask input ``mask [b, 1, 1, s]`` (0 attend, large negative masked); with
-    ``mask_rows`` one mask per query row, ``[b, 1, s, s]`` (a row of ``-inf`` masks a row)."""
+    ``mask_rows`` one mask per query row, ``[b, 1, s, s]`` (a row of ``-inf`` masks a row);
+    ``safe_softmax`` as torch.export writes ``scaled_dot_product_attention``'s."""
     b = _Builder("bert_attention", dtype, seed)
     width = heads * head_dim
     q, k, v = _qkv_inputs(b, batch, seq, [width] * 3, project, width)
@@ -156,7 +169,7 @@ def bert_attention(batch=1, seq=64, heads=4, head_dim=16, dtype="float32", proje
     s = b.node("Div", b.node("MatMul", q, k), b.const(math.sqrt(head_dim)))
     rows = seq if mask_rows else 1
     s = b.node("Add", s, b.add_input("mask", [batch, 1, rows, seq], b.elem, doc="additive_mask"))
-    p = b.node("Softmax", s, axis=-1)
+    p = b.softmax(s, safe_softmax)
     out = b.merge(b.node("MatMul", p, v), width)
     return b.finish(out, [batch, seq, width])
 

@@ -682,7 +682,7 @@ class _CpuEmitter:
         p = self.p
         with T.serial(0, nq) as r:
             with T.serial(0, p.dv) as dd:
-                o = acc[r, dd] / lrow[r]
+                o = p.normalise(acc[r, dd], lrow[r])
                 index = [value_at(ix, p, batch, i=i0 + r, d=dd) for ix in p.out_index]
                 value = value_at(p.out_value, p, batch, i=i0 + r, d=dd, o=o)
                 T.buffer_store(p.out, value, index)
@@ -819,7 +819,7 @@ class _DecodeEmitter:
     def _store(self, acc, total, batch):
         p = self.p
         with T.serial(0, p.dv) as dd:
-            o = acc[dd] / total
+            o = p.normalise(acc[dd], total)
             index = [value_at(ix, p, batch, i=0, d=dd) for ix in p.out_index]
             T.buffer_store(p.out, value_at(p.out_value, p, batch, i=0, d=dd, o=o), index)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import warnings
 from typing import NamedTuple
 
+import numpy as np
 import tvm
 from tvm import tirx
 from tvm.script.ir_builder import IRBuilder
@@ -186,7 +187,7 @@ def build_gpu_attention(pattern: AttentionPattern, target,
                                                     tirx.const(0.0, F32)), [c])
             with T.serial(0, dv) as c:
                 T.buffer_store(acc, tirx.const(0.0, F32), [c])
-            T.buffer_store(st, p.m_init, [0])
+            T.buffer_store(st, _printed_exactly(p.m_init), [0])
             T.buffer_store(st, tirx.const(0.0, F32), [1])
             def key_tiles(first, last):
                 with T.serial(first, last) as kb:
@@ -233,6 +234,25 @@ def build_gpu_attention(pattern: AttentionPattern, target,
     return result.with_attr("tirx.noalias", True), notes
 
 
+def _printed_exactly(value):
+    """``value``; a float32 constant that TVM 0.27's OpenCL and CUDA source generators would
+    print inexactly (``%e``: seven digits) read as its bits from a local buffer instead.
+
+    The running max starts at the lowest finite float, printed ``-3.402823e+38f``: above a
+    score masked by that very value (``Where(keep, 0, min)``), so a fully masked row's
+    exponentials were all 0 and its output NaN where the unfused operators on CPU and ONNX
+    Runtime give uniform weights. (A ``reinterpret`` of the literal prints ``&(-8388609)``,
+    which OpenCL rejects; the simplifier would fold a ``Let`` back into the literal.)"""
+    if not isinstance(value, tirx.FloatImm) or str(value.ty) != F32:
+        return value
+    exact = np.float32(value.value)
+    if not np.isfinite(exact) or np.float32(f"{float(exact):.6e}") == exact:
+        return value
+    bits = T.alloc_buffer((1,), "int32", scope="local")
+    T.buffer_store(bits, tirx.const(int(exact.view(np.int32)), "int32"), [0])
+    return tirx.reinterpret(F32, bits[0])
+
+
 def _merge_lanes(p, mb, lb, cb, acc, st, batch, row, tx, ty, tid, lanes):
     """The lanes of a row saw disjoint keys: rescale each to the row's maximum, sum their
     sums and, ``lanes`` columns at a time, their accumulators through shared memory; lane
@@ -262,7 +282,7 @@ def _merge_lanes(p, mb, lb, cb, acc, st, batch, row, tx, ty, tid, lanes):
         d = ch * lanes + tx
         with T.If(tirx.And(row < p.sq, d < dv)):
             with T.Then():
-                o = total[0] / st[1]
+                o = p.normalise(total[0], st[1])
                 index = [value_at(ix, p, batch, i=row, d=d) for ix in p.out_index]
                 T.buffer_store(p.out, value_at(p.out_value, p, batch, i=row, d=d, o=o), index)
         T.evaluate(T.tvm_storage_sync("shared"))

@@ -74,6 +74,15 @@ class AttentionPattern:
     out_value: object  # over (o, batch, i, d), in the output's dtype
     in_dtype: str  # the dtype of Q·Kᵀ's operands (float32, float16)
     notes: list = field(default_factory=list)
+    zero_empty_rows: bool = False  # a *safe* softmax: a row of only -inf scores gives 0
+
+    def normalise(self, acc, total):
+        """``acc / total``, the softmax's division; 0 where a safe softmax's row sum is 0
+        (every score ``-inf``, relay_passes/safe_softmax.py), not ``0/0``."""
+        if not self.zero_empty_rows:
+            return acc / total
+        zero = tirx.const(0.0, F32)
+        return tirx.Select(tirx.EQ(total, zero), zero, acc / total)
 
     def ranges(self) -> dict:
         """Every canonical index variable and its extent."""
@@ -296,7 +305,7 @@ def promote_f32(expr):
                 return tirx.Select(e.condition, e.true_value, e.false_value)
             return e
         if isinstance(e, tvm.ir.Call) and e.args and _is_float(str(e.ty)) and str(e.ty) != F32:
-            if isinstance(e.op, tvm.ir.Op) and e.op.name == "tirx.if_then_else":
+            if isinstance(e.op, tvm.ir.Op) and e.op.name.endswith("if_then_else"):
                 return tirx.if_then_else(*e.args)
             return tvm.ir.Call(F32, e.op, list(e.args))
         return widen(e)
@@ -547,6 +556,9 @@ def match_attention(func: tirx.PrimFunc) -> AttentionPattern:
     if uses(prob, d_var) or uses(value, i) or not uses(value, d_var) or not uses(value, j):
         raise NotAttention("·V's operands are not (rows × keys) · (keys × values)")
     prob = strip_float_casts(prob)
+    guard = _empty_row_guard(prob, sm)
+    if guard is not None:
+        prob = strip_float_casts(prob.false_value)
     if not (isinstance(prob, tirx.Div) and isinstance(prob.b, TensorLoad)
             and prob.b.source.same_as(sm.buffer)):
         raise NotAttention("the probabilities are not exp(·) divided by the row sum")
@@ -559,6 +571,9 @@ def match_attention(func: tirx.PrimFunc) -> AttentionPattern:
         raise NotAttention("exp(scores - x): x is not the row max")
     if not all(ana.can_prove_equal(a, b) for a, b in zip(m_load.indices, l_load.indices)):
         raise NotAttention("the row max and the row sum are of different rows")
+    if guard is not None and not all(
+            ana.can_prove_equal(a, b) for a, b in zip(guard.indices, l_load.indices)):
+        raise NotAttention("the empty-row guard tests another row's sum")
     score = diff.a
 
     # the max and the sum reduce exactly these scores, row by row
@@ -614,7 +629,20 @@ def match_attention(func: tirx.PrimFunc) -> AttentionPattern:
         k=k, dk=int(dk), d=d_var, dv=int(dv), s=s, query=promote_f32(query),
         key=promote_f32(key), value=promote_f32(value), score=score_fn,
         m_init=promote_f32(m_init), out=out, out_index=out_index, o=o, out_value=out_value,
-        in_dtype=in_dtype)
+        in_dtype=in_dtype, zero_empty_rows=guard is not None)
+
+
+def _empty_row_guard(prob, sm: _Def):
+    """The load of the row sum in ``select(sum == 0, 0, p)`` (a safe softmax), else None."""
+    if not isinstance(prob, tirx.Select) or not _is_zero(strip_float_casts(prob.true_value)):
+        return None
+    cond = prob.condition
+    if not isinstance(cond, tirx.EQ):
+        return None
+    load, zero = (cond.a, cond.b) if isinstance(cond.a, TensorLoad) else (cond.b, cond.a)
+    if isinstance(load, TensorLoad) and load.source.same_as(sm.buffer) and _is_zero(zero):
+        return load
+    return None
 
 
 def _is_exp(expr) -> bool:

@@ -27,10 +27,9 @@ and emits the packed GEMM nest (``tir_schedules/cpu_gemm.py``).
 
 A dense NCHW convolution with a constant weight and static channels and map
 (``relax.nn.conv2d``, groups 1, float32) is the same GEMM, as MLAS computes it (im2col +
-SGEMM): the weight ``W[N, C·kh·kw]`` is the A operand (rows: output channels; packed at
-compile time in slivers of the micro-kernel's MR rows, :func:`pack_rows`), and the im2col
-matrix of the input, packed per call straight into NR-column panels, is B (columns: the
-output positions of every image)::
+SGEMM): the weight ``W[N, C·kh·kw]`` is the A operand (rows: output channels, contiguous in
+k), and the im2col matrix of the input, packed per call straight into NR-column panels, is B
+(columns: the output positions of every image)::
 
     Bp[p // NR, k, p % NR] = x_pad[b(p), _i64(k), oh(p)·sh + r(k)·dh, ow(p)·sw + s(k)·dw]
     C[co, p] = Σ_k W[co, k] · Bp[p // NR, k, p % NR]          # matmul_packed
@@ -244,9 +243,6 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
 # Positions as rows when the column plan's modelled work is at least this many times the
 # positions' in the widest panels
 _COSTLIER_COLUMNS = 1.3
-# A conv's weight packed in slivers of the micro-kernel's rows (pack_rows); False reads it as
-# W[N, K] (a benchmark's before, in the same process)
-_PACK_A_ROWS = True
 # Instructions per value packed through a per-column gather (ConvGemm.gathered): the column's
 # offset moved to a scalar register, a load inserted into the vector, its share of the store;
 # against the micro-kernel's out_channels / lanes FMAs per packed value
@@ -890,7 +886,7 @@ class _Packer(relax.PyExprMutator):
             used = plan
             if plan.positions_as_rows:
                 w2 = pack_weight(w2, plan.nr, True)
-            elif _PACK_A_ROWS:  # the micro-kernel's rows, one stream (pack_rows)
+            else:  # the micro-kernel's rows, one stream (pack_rows)
                 mr, _ = self.params.gemm_tile(plan.nr)
                 w2 = pack_rows(w2, mr)
                 used = replace(plan, a_mr=mr, out_channels=n)
@@ -1029,5 +1025,5 @@ def PackMatmulWeights(target: tvm.target.Target,  # noqa: N802 (a pass)
 
 
 __all__ = ["PACKED_GEMM", "ConvGemm", "DepthFold", "PackMatmulWeights", "TransposedConv",
-           "conv2d_gemm", "conv2d_transpose_gemm", "fold_conv3d", "pack_rows", "pack_weight",
+           "conv2d_gemm", "conv2d_transpose_gemm", "fold_conv3d", "pack_weight",
            "packed_matmul", "panel_width", "plan_conv_gemm"]

@@ -175,9 +175,6 @@ class ConvGemm:
     # the columns are the flat output positions, no padding per row: packing gathers each
     # column's window through a table of column offsets (any stride, dilation, map width)
     gathered: bool = False
-    # the weight (A) packed at compile time in slivers of this many rows, ``Ap[⌈N/MR⌉, K, MR]``
-    # (0: ``W[N, K]`` as it is); out_channels then says N
-    a_mr: int = 0
 
     @property
     def row(self) -> int:
@@ -504,14 +501,6 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
     nr, row, out_h, out_w = plan.nr, plan.row, plan.out_h, plan.out_w
     columns = plan.columns(images)
     k_total = channels * kh * kw
-    a_mr = plan.a_mr
-    if a_mr:
-        out_channels = plan.out_channels
-
-    def weight(co, k):
-        if not a_mr:
-            return w[co, k]
-        return w[tirx.floordiv(co, _i64(a_mr)), k, tirx.floormod(co, _i64(a_mr))]
 
     def stage(shape, value, name):
         """``value(img, *index)`` over ``shape``, with a leading batch axis (``img`` its
@@ -616,7 +605,7 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
     k = te.reduce_axis((0, _i64(k_total)), name="k")
     gemm = stage(
         (_i64(out_channels), _i64(columns)),
-        lambda img, co, j: te.sum(weight(co, k) * panels[(*lead(img), tirx.floordiv(j, _i64(nr)), k,
+        lambda img, co, j: te.sum(w[co, k] * panels[(*lead(img), tirx.floordiv(j, _i64(nr)), k,
                                                      tirx.floormod(j, _i64(nr)))], axis=k),
         PACKED_GEMM)
     if per_image:
@@ -740,16 +729,6 @@ def conv2d_transpose_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
 
     return te.compute((cols.shape[0], _i64(out_channels), _i64(conv.out_h), _i64(conv.out_w)),
                       value, name="conv2d_transpose_col2im")
-
-
-def pack_rows(w: np.ndarray, mr: int) -> np.ndarray:
-    """``w[N, K]`` as ``[⌈N/MR⌉, K, MR]`` slivers of MR rows (zero rows past N): the
-    micro-kernel's MR broadcasts per k then read consecutive floats, one stream, where the
-    rows of ``w`` are MR streams K floats apart."""
-    n, k = w.shape
-    out = np.zeros((-(-n // mr) * mr, k), w.dtype)
-    out[:n] = w
-    return np.ascontiguousarray(out.reshape(-1, mr, k).transpose(0, 2, 1))
 
 
 def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
@@ -883,18 +862,10 @@ class _Packer(relax.PyExprMutator):
         outputs = []
         for g in range(groups):
             w2 = np.ascontiguousarray(w_np[g * n:(g + 1) * n].reshape(n, channels * kh * kw))
-            used = plan
-            if plan.positions_as_rows:
-                w2 = pack_weight(w2, plan.nr, True)
-            else:  # the micro-kernel's rows, one stream (pack_rows)
-                mr, _ = self.params.gemm_tile(plan.nr)
-                w2 = pack_rows(w2, mr)
-                used = replace(plan, a_mr=mr, out_channels=n)
-            w2 = relax.const(w2)
+            w2 = relax.const(pack_weight(w2, plan.nr, True) if plan.positions_as_rows else w2)
             part = (None if groups == 1 else (g * channels, channels))
             conv = self.builder_.call_te(
-                lambda data, weights, part=part, used=used: conv2d_gemm(data, weights, used,
-                                                                        part, depth),
+                lambda data, weights, part=part: conv2d_gemm(data, weights, plan, part, depth),
                 x, w2, primfunc_name_hint="conv3d_gemm" if three_d else "conv2d_gemm")
             if groups == 1:
                 return conv

@@ -185,7 +185,7 @@ def test_panels_hold_whole_output_rows(target, out_w):
                           out_channels=out_w * out_w + 1)
     if params.isa == "avx2":
         assert wide.positions_as_rows == (out_w == 7), wide
-    if not wide.positions_as_rows:
+    if not wide.positions_as_rows and not wide.gathered:  # gathered: many channels only
         assert wide == plan_conv_gemm([1, 8, out_w, out_w], (3, 3), (1, 1), (1, 1, 1, 1),
                                       (1, 1), params)
 

@@ -65,6 +65,11 @@ CASES = {
     # no padding: the gather reads the input itself (a parameter) through its flat view
     "2x2-no-pad-batch": (8, 16, 9, 2, 1, 0, 1, 1, 2),
     "positions-as-rows-no-pad": (6, 40, 6, 3, 1, 0),
+    # the flat output positions through a table of column offsets (ConvGemm.gathered): many
+    # output channels over 12- and 11-wide rows that whole panels would pad to 16 (AVX2)
+    "gathered-stride2": (8, 160, 24, 3, 2, 1),
+    "gathered-dilated-batch": (17, 96, 12, 3, 1, 2, 2, 1, 2),  # across two images
+    "gathered-odd": (17, 161, 21, 3, 2, 1),  # 121 positions: a tail panel of 9
 }
 
 
@@ -118,7 +123,7 @@ def test_grouped_convs_keep_the_direct_conv():
 # one image), the weight as packed at compile time; positions as rows take the images as rows
 SYMBOLIC_BATCH = ["1x1", "1x1-stride2", "3x3-stride2-odd", "7x7-stride2-3ch", "odd-7x7-map",
                   "multi-k-block", "positions-as-rows-1x1-odd", "padded-flat-5x5-batch",
-                  "padded-flat-dilated"]
+                  "padded-flat-dilated", "gathered-stride2", "gathered-dilated-batch"]
 
 
 @pytest.mark.parametrize("target", [TARGET, AVX2], ids=["llvm", "avx2"])
@@ -180,7 +185,7 @@ def test_panels_hold_whole_output_rows(target, out_w):
                           out_channels=out_w * out_w + 1)
     if params.isa == "avx2":
         assert wide.positions_as_rows == (out_w == 7), wide
-    if not wide.positions_as_rows:
+    if not wide.positions_as_rows and not wide.gathered:  # gathered: many channels only
         assert wide == plan_conv_gemm([1, 8, out_w, out_w], (3, 3), (1, 1), (1, 1, 1, 1),
                                       (1, 1), params)
 
@@ -251,6 +256,23 @@ def test_every_tile_of_a_conv_keeps_its_accumulators_in_registers(target):
     assert loops and all(stack == 0 for _, _, stack in loops), loops
 
 
+@pytest.mark.parametrize("target, size", [(ZEN3, 12), (AVX512, 12), (AARCH64, 13)],
+                         ids=["avx2", "avx512", "aarch64"])
+def test_gathered_conv_keeps_its_accumulators_in_registers(target, size):
+    """Compile only: the gathered plan (a dilated 3×3, 128 output channels on a map whose
+    rows the target's panels would pad: 12 → 16 on AVX2 and AVX-512, 13 → 16 on AArch64)
+    packs its B block through the column offsets and runs the same micro-kernel, no FMA loop
+    moving a vector to or from the stack."""
+    if "aarch64" in str(target) and "aarch64" not in str(
+            tvm.target.codegen.llvm_get_targets()):
+        pytest.skip("LLVM built without the AArch64 backend")
+    model = conv_model(17, 128, size, 3, 1, 2, 2)
+    assert plan_conv_gemm([1, 17, size, size], (3, 3), (1, 1), (2,) * 4, (2, 2),
+                          cpu_params(target), 128).gathered
+    loops = fma_loops(assembly(model, target))
+    assert loops and all(stack == 0 for _, _, stack in loops), loops
+
+
 @pytest.mark.parametrize("case", [(16, 32, 20, 3, 2, 1), (8, 16, 12, 3, 1, 1),
                                   (16, 40, 5, 3, 1, 1)], ids=["stride2", "padded-flat",
                                                                "positions-as-rows"])
@@ -263,6 +285,39 @@ def test_im2col_gathers_through_a_table_of_k_offsets(case):
             if isinstance(f, tvm.tirx.PrimFunc) and "packed GEMM" in schedule_notes(
                 tvm.IRModule({"f": f}))][0]
     assert "k_offsets" in func.script(), func.script()
+    _check(model, AVX2)
+
+
+@pytest.mark.parametrize("target", [AVX2, NEON], ids=["avx2", "neon"])
+def test_gathered_positions_where_row_panels_would_pad_many_channels(target):
+    """The flat output positions, packed through a table of column offsets, where whole
+    panels per row would compute many padding columns for many output channels (the dilated
+    3×3 256→256 at 28×28: 784 columns against 896); not where the rows fit their panels
+    (32-wide rows) or the padded input's flat positions pad less (56 + 2 columns a row),
+    nor for few output channels (the gather's cost per packed value is then a larger share)."""
+    params = cpu_params(target)
+
+    def plan(c_out, size, dilation=1, stride=1):
+        return plan_conv_gemm([1, 64, size, size], (3, 3), (stride, stride), (dilation,) * 4,
+                              (dilation, dilation), params, c_out)
+    dilated = plan(256, 28, 2)
+    assert dilated.gathered and dilated.row == 28 and dilated.columns(1) == 784, dilated
+    assert dilated.columns(3) == 3 * 784
+    assert not plan(320, 32).gathered
+    assert not plan(64, 56).gathered and plan(64, 56).padded_flat
+    assert not plan(16, 28, 2).gathered  # few channels: rows padded to panels
+
+
+def test_gathered_packing_reads_through_column_and_k_offsets():
+    """The gathered plan's B block is packed from the padded input at a column's offset
+    (a table filled once per call) plus a k's, and the numbers stay ONNX Runtime's with the
+    bias and ReLU as the write-back's epilogue."""
+    model = conv_model(*CASES["gathered-stride2"])
+    func = [f for f in fuse(import_onnx(model), AVX2).functions.values()
+            if isinstance(f, tvm.tirx.PrimFunc) and "packed GEMM" in schedule_notes(
+                tvm.IRModule({"f": f}))][0]
+    script = func.script()
+    assert "col_offsets" in script and "k_offsets" in script, script
     _check(model, AVX2)
 
 

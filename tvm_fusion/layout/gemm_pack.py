@@ -39,7 +39,9 @@ so each output row is stored contiguously, partial sums included, and the micro-
 GEMM speed whatever the kernel size, stride, dilation or channel count; the packing is one pass
 over K × positions floats (the input itself for a 1×1 conv). A stride-1 conv may take the
 positions of the zero-padded input instead (``ConvGemm.padded_flat``: a row costs its padded
-width, and a panel reads consecutive floats across rows). A symbolic batch takes one image's
+width, and a panel reads consecutive floats across rows), and any conv with many output
+channels the flat output positions themselves (``ConvGemm.gathered``: no padding column, each
+packed value gathered through a table of column offsets). A symbolic batch takes one image's
 plan: every stage gets a leading batch axis, ``C[b, co, p]`` is one GEMM per image over its
 own panels (the schedule loops over the images around the per-image nest), and the weight is
 the same constant; with the positions as rows the images are more rows. A symbolic channel
@@ -54,7 +56,7 @@ in depth.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import tvm
@@ -150,7 +152,9 @@ class ConvGemm:
     are: the flat output positions (``flat``: a 1×1 stride-1 conv without padding, the input
     itself, row after row), the flat positions of the zero-padded input (``padded_flat``: a
     stride-1 conv; ``row`` = the padded width, the columns past ``out_w`` computed and never
-    stored), or output rows padded to whole panels (``row`` columns each)."""
+    stored), the flat output positions gathered through a table of column offsets
+    (``gathered``; ``row`` = ``out_w``), or output rows padded to whole panels (``row``
+    columns each)."""
 
     kernel: tuple[int, int]
     strides: tuple[int, int]
@@ -168,6 +172,9 @@ class ConvGemm:
     padded_flat: bool = False
     in_h: int = 0  # the input's height and width (padded_flat's columns follow the input)
     in_w: int = 0
+    # the columns are the flat output positions, no padding per row: packing gathers each
+    # column's window through a table of column offsets (any stride, dilation, map width)
+    gathered: bool = False
 
     @property
     def row(self) -> int:
@@ -175,7 +182,7 @@ class ConvGemm:
         whole panels, or (flat) the row itself."""
         if self.padded_flat:
             return self.in_w + self.padding[1] + self.padding[3]
-        return self.out_w if self.flat else -(-self.out_w // self.nr) * self.nr
+        return self.out_w if self.flat or self.gathered else -(-self.out_w // self.nr) * self.nr
 
     @property
     def image(self) -> int:
@@ -212,7 +219,8 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
     out_w = (width + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
     if out_h <= 0 or out_w <= 0 or 0 in shape:
         return None
-    plan = _plan_by_columns(shape, kernel, strides, padding, dilation, params, out_h, out_w)
+    plan = _plan_by_columns(shape, kernel, strides, padding, dilation, params, out_h, out_w,
+                            out_channels)
     positions = batch * out_h * out_w
     # positions as rows where their columns would cost much more than the positions in the
     # ISA's widest panels (padding, a narrow tile): 7×7 maps (1.5x: 49 positions in 56
@@ -232,6 +240,14 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
 # Positions as rows when the column plan's modelled work is at least this many times the
 # positions' in the widest panels
 _COSTLIER_COLUMNS = 1.3
+# Instructions per value packed through a per-column gather (ConvGemm.gathered): the column's
+# offset moved to a scalar register, a load inserted into the vector, its share of the store;
+# against the micro-kernel's out_channels / lanes FMAs per packed value
+GATHER_COST = 3
+# The gathered plan only where its modelled work is at most this share of the others': the
+# dilated 3x3 256 at 28x28 (0.92: 0.77 -> 0.83x ONNX Runtime), not ConvNeXt's 2x2/2 96->192
+# at 56x56 (0.94: 1.08 -> 1.02x, within the noise of one run)
+_GATHER_GAIN = 0.93
 
 
 def _work(params: CpuParams, nr: int, columns: int) -> float:
@@ -245,7 +261,8 @@ def _work(params: CpuParams, nr: int, columns: int) -> float:
 
 def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[int, int],
                      padding: tuple[int, int, int, int], dilation: tuple[int, int],
-                     params: CpuParams, out_h: int, out_w: int) -> ConvGemm:
+                     params: CpuParams, out_h: int, out_w: int,
+                     out_channels: int = 0) -> ConvGemm:
     """The plan with the output positions as the GEMM's columns (:func:`plan_conv_gemm`)."""
     batch, _, height, width = shape
     kh, kw = kernel
@@ -262,20 +279,31 @@ def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[i
     widths = range(params.lanes, widest + 1, params.lanes)
     nr = min(widths, key=lambda w: (cost(w, out_w) * out_h, -w))
     rows = ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat)
-    if strides != (1, 1):
-        return rows
-    flat_pad = ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat,
-                        padded_flat=True, in_h=height, in_w=width)
-    columns = flat_pad.columns(batch)
-    nr_flat = min(widths, key=lambda w: (cost(w, columns), -w))
-    # fewer columns, not only a wider modelled tile: with as many or more columns (a dilated
-    # 3x3 at 28x28: 896 both ways; 31-wide rows: 1,023 against 992) panels of 24 measured
-    # slower than the rows' 16 (0.79 -> 0.72x, 1.32 -> 1.11x ONNX Runtime)
-    if (-(-columns // nr_flat) * nr_flat >= batch * out_h * rows.row
-            or cost(nr_flat, columns) >= cost(nr, out_w) * out_h * batch):
-        return rows
-    return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr_flat, flat,
-                    padded_flat=True, in_h=height, in_w=width)
+    best, best_cost = rows, cost(nr, out_w) * out_h * batch
+    if strides == (1, 1):
+        flat_pad = ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat,
+                            padded_flat=True, in_h=height, in_w=width)
+        columns = flat_pad.columns(batch)
+        nr_flat = min(widths, key=lambda w: (cost(w, columns), -w))
+        # fewer columns, not only a wider modelled tile: with as many or more columns (a
+        # dilated 3x3 at 28x28: 896 both ways; 31-wide rows: 1,023 against 992) panels of 24
+        # measured slower than the rows' 16 (0.79 -> 0.72x, 1.32 -> 1.11x ONNX Runtime)
+        if (-(-columns // nr_flat) * nr_flat < batch * out_h * rows.row
+                and cost(nr_flat, columns) < best_cost):
+            best = replace(flat_pad, nr=nr_flat)
+            best_cost = cost(nr_flat, columns)
+    # the flat output positions, gathered: no column is computed for nothing, but packing
+    # a value costs a gather (GATHER_COST instructions) where the other plans copy vectors.
+    # In the rows' panel width: panels of 24 measured slower than 16 here too (the dilated
+    # 3x3 at 28x28 0.83 against 0.87x ONNX Runtime, the U-Net's 3x3 320 at 32x32 0.76
+    # against 0.82x)
+    positions = batch * out_h * out_w
+    padded = -(-positions // nr) * nr
+    gathered = cost(nr, positions) + GATHER_COST * params.lanes / max(out_channels, 1) * padded
+    if gathered < _GATHER_GAIN * best_cost:
+        return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat,
+                        gathered=True)
+    return best
 
 
 class _RowOfNcw:
@@ -550,14 +578,27 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
         def pack(img, pj, k, lane):
             image_row, block = tirx.floordiv(pj, _i64(blocks)), tirx.floormod(pj, _i64(blocks))
             b, oh = tirx.floordiv(image_row, _i64(out_h)), tirx.floormod(image_row, _i64(out_h))
-            b = image(img, b)
+            return window_at(image(img, b), oh, block * _i64(nr) + lane, k)
+
+        def window_at(b, oh, ow, k):
+            """The input under tap ``k`` of output position (b, oh, ow)."""
             ci, r, s = window(k)
             ih = oh * _i64(sh) + r * _i64(dh)
-            if sw > 1:  # column (block·NR + lane)·sw + s·dw: phase s·dw % sw
+            if sw > 1:  # column ow·sw + s·dw: phase s·dw % sw
                 offset = s * _i64(dw)
                 return src[b, ci, ih, tirx.floormod(offset, _i64(sw)),
-                           block * _i64(nr) + lane + tirx.floordiv(offset, _i64(sw))]
-            return src[b, ci, ih, (block * _i64(nr) + lane) + s * _i64(dw)]
+                           ow + tirx.floordiv(offset, _i64(sw))]
+            return src[b, ci, ih, ow + s * _i64(dw)]
+
+        if plan.gathered:
+            positions = out_h * out_w
+
+            def pack(img, pj, k, lane):  # noqa: F811 (the gathered plan's columns)
+                # the padding lanes of the last panel read the last position again
+                j = tirx.min(pj * _i64(nr) + lane, _i64(columns - 1))
+                b, pos = tirx.floordiv(j, _i64(positions)), tirx.floormod(j, _i64(positions))
+                return window_at(image(img, b), tirx.floordiv(pos, _i64(out_w)),
+                                 tirx.floormod(pos, _i64(out_w)), k)
 
     panels = stage((_i64(-(-columns // nr)), _i64(k_total), _i64(nr)),
                    lambda *index: _widen(pack(*index)), "conv2d_im2col")

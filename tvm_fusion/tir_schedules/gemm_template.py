@@ -147,9 +147,15 @@ class _Emitter:
         self.streaming = _le(rows, STREAM_ROW_TILES * blk.mr)
         split = _split_gather(gemm.pack_b) if gemm.pack_b is not None else None
         self.gather, self.g_src_data = (split[:3], split[3]) if split else (None, None)
-        self.k_offsets = None
+        # the column's part of the gather uses the lane too (a conv's flat output positions,
+        # rows not padded to whole panels): one offset per column, from a table
+        self.per_column = split is not None and split[4]
+        self.k_offsets = self.col_offsets = None
         if self.gather is not None:
             self.k_offsets = tirx.decl_buffer((gemm.k,), "int64", "k_offsets")
+        if self.per_column:
+            self.col_offsets = tirx.decl_buffer((_ceildiv(gemm.n, blk.nr) * blk.nr,), "int64",
+                                                "col_offsets")
 
     def offset_table(self) -> list:
         """The offsets of B's gather that depend on k only (``_split_gather``), computed
@@ -157,10 +163,17 @@ class _Emitter:
         divisions of k by the conv window."""
         if self.k_offsets is None:
             return []
-        flat, _, k_part = self.gather
+        flat, col_part, k_part = self.gather
         fill = _loop("k", self.g.k, lambda k: tirx.BufferStore(self.k_offsets, k_part(k), [k]))
-        return [tirx.DeclBuffer(flat, data=self.g_src_data), tirx.AllocBuffer(self.k_offsets),
-                fill]
+        out = [tirx.DeclBuffer(flat, data=self.g_src_data), tirx.AllocBuffer(self.k_offsets),
+               fill]
+        if self.per_column:
+            nr = self.b.nr
+            out += [tirx.AllocBuffer(self.col_offsets), _loop(
+                "j", self.col_offsets.shape[0], lambda j: tirx.BufferStore(
+                    self.col_offsets, col_part(tirx.floordiv(j, _i64(nr)),
+                                               tirx.floormod(j, _i64(nr))), [j]))]
+        return out
 
     # ---------------------------------------------------------------- the micro-kernel
     def _each(self, rows: int, body_of, cols: int | None = None) -> tirx.Stmt:
@@ -301,8 +314,11 @@ class _Emitter:
                     if self.gather is None:
                         return self.g.pack_b(panel, k, lane)
                     flat, col_part, _ = self.gather
-                    return _as_f32(tirx.BufferLoad(flat, [col_part(panel) + tirx.BufferLoad(
-                        self.k_offsets, [k]) + lane]))
+                    k_off = tirx.BufferLoad(self.k_offsets, [k])
+                    if self.per_column:
+                        return _as_f32(tirx.BufferLoad(flat, [tirx.BufferLoad(
+                            self.col_offsets, [panel * _i64(nr) + lane]) + k_off]))
+                    return _as_f32(tirx.BufferLoad(flat, [col_part(panel) + k_off + lane]))
 
                 def pack_panel(kk, jr):
                     body = _loop("lane", nr, lambda lane: tirx.BufferStore(
@@ -456,11 +472,17 @@ def _split_gather(pack_b: PackB):
     window's ``k // (kh·kw)``, ``k % kw``… are the k part. Returns (a flat view of src,
     col_part, k_part, src's data), or None."""
     panel, k, lane = (tirx.Var(n, "int64") for n in ("panel", "k", "lane"))
-    return split_gather(pack_b(panel, k, lane), panel, k, lane)
+    value = pack_b(panel, k, lane)
+    split = split_gather(value, panel, k, lane)
+    if split is not None:
+        return (*split, False)
+    joint = split_gather(value, (panel, lane), k)
+    return None if joint is None else (*joint, True)
 
 
-def split_gather(value, outer: tirx.Var, k: tirx.Var, lane: tirx.Var | None = None):
-    """``value``, an expression of ``outer`` (a panel, a row), ``k`` and ``lane``, as a load
+def split_gather(value, outer, k: tirx.Var, lane: tirx.Var | None = None):
+    """``value``, an expression of ``outer`` (a panel, a row; or a tuple of variables, e.g.
+    a panel and its lane, that the outer part takes together), ``k`` and ``lane``, as a load
     ``src[outer_part(outer) + k_part(k) (+ lane)]`` from a flat view of ``src``: when it is
     one load from a buffer of static shape whose flat index is a sum of terms each of which
     uses one of them (``lane`` a term of its own). Returns (the flat view, outer_part,
@@ -487,10 +509,12 @@ def split_gather(value, outer: tirx.Var, k: tirx.Var, lane: tirx.Var | None = No
         return None
 
     def part(name):
-        def of(value_):
+        def of(*values):
             total = tirx.const(0, "int64")
+            variables = names[name] if isinstance(names[name], tuple) else (names[name],)
             for term, scale in parts[name]:
-                term = _substitute(term, names[name], value_)
+                for var, value_ in zip(variables, values):
+                    term = _substitute(term, var, value_)
                 total = total + (term if scale == 1 else term * tirx.const(scale, "int64"))
             return total
         return of
@@ -529,10 +553,12 @@ def _terms(expr, scale: int) -> list:
 
 
 def _uses(expr, var) -> bool:
+    """``expr`` uses ``var`` (or one of a tuple of variables)."""
+    variables = var if isinstance(var, tuple) else (var,)
     found = []
 
     def visit(node):
-        if isinstance(node, tvm.ir.Var) and node.same_as(var):
+        if isinstance(node, tvm.ir.Var) and any(node.same_as(v) for v in variables):
             found.append(node)
     walk(expr, visit)
     return bool(found)

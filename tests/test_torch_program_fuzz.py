@@ -65,3 +65,12 @@ def test_a_few_seeds():
     for seed in range(8):
         result = check_program(draw_program(seed))
         assert result.status in ("ok", "skipped"), (seed, result.blocks, result.error)
+
+
+@pytest.mark.slow
+def test_seed_30_narrow_gemm_over_batch_times_sequence_rows():
+    """Found by the fuzzer: SwiGLU's down projection (N = 16) over rows ``batch·seq``, both
+    symbolic, split into parallel row ranges on a 2-core target: TVM 0.27's lowering bound a
+    variable twice (``rmod``) and the build failed. Such a GEMM keeps its rows on one thread."""
+    result = check_program(draw_program(30), target={"kind": "llvm", "num-cores": 2})
+    assert result.status == "ok", result.error

@@ -451,6 +451,11 @@ def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
 
 def _nest(em: _Emitter, gemm: Gemm, blk: Blocking, cores: int, rows) -> tirx.Stmt:
     mode, per_block = parallel_plan(gemm.n, blk, cores, rows)
+    if mode == "parallel row ranges" and not isinstance(rows, (tirx.IntImm, tirx.Var)):
+        # M a product of symbolic sizes (batch·seq): each range's row index, divided by a
+        # symbolic size to address A, made TVM 0.27's CSE and LowerIntrin bind one variable
+        # twice (a build error); such a GEMM keeps its rows on one thread
+        mode, per_block = parallel_plan(gemm.n, blk, 1, rows)
     if mode != "parallel row ranges":
         return _seq(em.columns(_i64(0), rows, per_block, mode == "parallel N blocks"))
     chunk = _simplify(tirx.floordiv(rows + _i64(cores * blk.mr - 1), _i64(cores * blk.mr))

@@ -17,12 +17,15 @@ and the two are timed against ONNX Runtime with its default session options (gra
 optimisations on) and one intra-op thread, calls alternated (``medians_in_turns``), medians
 over at least ``--seconds`` per side. ``--stock`` adds stock FuseOps with tvm_fusion's
 schedules (``compile_model(strategy="tvm", schedule=True)``) to the same loop. ``--seqs ''``
-skips the prefill export. Writes ``--out/decoder.json`` and ``decoder.md``.
+skips the prefill export. ``--breakdown`` adds, per size, tvm_fusion's time per kernel (the
+VM's instrument hook, by ``--clock``, the fastest of five runs). Writes ``--out/decoder.json``
+and ``decoder.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -61,7 +64,7 @@ STOCK = {"strategy": "tvm", "schedule": True}  # FuseOps groups, tvm_fusion's sc
 
 
 def measure(model, executable, sizes: dict, seconds: float, name: str, stock=None,
-            clock: str = "wall") -> dict:
+            clock: str = "wall", breakdown: bool = False) -> dict:
     """Outputs against the reference, then tvm_fusion and ORT (and ``stock``, an executable)
     timed in turns."""
     import tvm
@@ -95,10 +98,42 @@ def measure(model, executable, sizes: dict, seconds: float, name: str, stock=Non
                    stock_err=err_stock)
         print(f"    stock FuseOps {row['stock_ms']:.1f} ms, stock / tvm_fusion "
               f"{row['stock_speedup']:.2f}x; max err {err_stock:.1e}", flush=True)
+    if breakdown:
+        row["kernels_ms"] = kernel_times(executable, args, clock)
+        for kernel, ms in row["kernels_ms"].items():
+            print(f"    {ms:9.1f} ms  {kernel}", flush=True)
     print(f"  {name} {sizes}: tvm_fusion {row['tvm_fusion_ms']:.1f} ms, ORT "
           f"{row['onnxruntime_ms']:.1f} ms, {row['speedup']:.2f}x; max err {err:.1e} "
           f"(ORT optimised {err_ort:.1e})", flush=True)
     return row
+
+
+def kernel_times(executable, args, clock: str, runs: int = 5) -> dict[str, float]:
+    """ms per kernel (summed over its calls) of one call of ``main``, the fastest of ``runs``
+    per kernel: where the time goes, for the report."""
+    import tvm
+
+    vm = tvm.relax.VirtualMachine(executable, tvm.cpu())
+    now, started = CLOCKS[clock], {}
+    current: collections.Counter = collections.Counter()
+
+    def instrument(_func, name, before, _ret, *_args):
+        if before:
+            started[name] = now()
+        else:
+            current[name] += now() - started.pop(name)
+        return 0
+
+    vm["main"](*args)
+    vm.set_instrument(instrument)
+    best: dict[str, float] = {}
+    for _ in range(runs):
+        current.clear()
+        vm["main"](*args)
+        for name, seconds in current.items():
+            best[name] = min(best.get(name, seconds * 1e3), seconds * 1e3)
+    return dict(sorted(((k, v) for k, v in best.items() if not k.startswith("vm.")),
+                       key=lambda kv: -kv[1]))
 
 
 def markdown(result: dict) -> str:
@@ -131,6 +166,8 @@ def main(argv=None) -> int:
     parser.add_argument("--stock", action="store_true",
                         help="also time stock FuseOps with tvm_fusion's schedules")
     parser.add_argument("--out", default=str(ROOT / "out" / "decoder"))
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time tvm_fusion's kernels one by one (fastest of five)")
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="cpu: each call's thread CPU time (TVM_NUM_THREADS=1)")
     args = parser.parse_args(argv)
@@ -160,7 +197,7 @@ def main(argv=None) -> int:
         stock = compile_model(import_onnx(model), target, **STOCK) if args.stock else None
         for size in (int(s) for s in sizes.split(",") if s):
             result["rows"].append(measure(model, executable, {dim: size}, args.seconds, name,
-                                          stock, args.clock))
+                                          stock, args.clock, args.breakdown))
     write_results(args.out, "decoder", result, markdown(result))
     print(markdown(result))
     return 0

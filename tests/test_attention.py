@@ -8,6 +8,7 @@ operators.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -245,6 +246,19 @@ def test_no_buffer_grows_with_the_square_of_the_sequence():
 
     for alloc in allocs:
         assert numel(4096) <= 2.1 * numel(2048), alloc.buffer.ty.shape
+
+
+def test_packed_keys_are_tile_major():
+    """The packed K holds one key tile as a contiguous dk x bk block (Kt[kb, k, j]): rows of
+    the whole key length put a tile's dk rows 4·seq bytes apart, in the same few L1 sets."""
+    (func,) = _fused_attention(attention_model("llama", seq="seq"))
+    notes = " ".join(str(n) for n in func.attrs[SCHEDULE_ATTR])
+    bk = int(re.search(r"x (\d+) keys per tile", notes).group(1))
+    shapes = [list(a.buffer.ty.shape) for a in find_all(func.body, tvm.tirx.AllocBuffer)]
+    tile_major = [s for s in shapes if len(s) == 3 and not isinstance(s[0], tvm.tirx.IntImm)
+                  and int(s[2]) == bk]
+    keys_innermost = [s for s in shapes if not isinstance(s[-1], tvm.tirx.IntImm)]
+    assert len(tile_major) == 1 and not keys_innermost, shapes
 
 
 def test_causal_masks_are_found_and_additive_masks_are_not():

@@ -6,6 +6,8 @@ AArch64."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -328,6 +330,20 @@ def test_micro_kernel_keeps_its_accumulators_in_registers(target):
         main = [loop for loop in loops if loop[1] == fma_per_pair]
         assert main, loops
         assert all(stack == 0 for _, _, stack in main), (m, k, main)
+
+
+@pytest.mark.parametrize("target", [ZEN3, AVX512, AARCH64], ids=["avx2", "avx512", "aarch64"])
+def test_c_tile_is_prefetched_for_writing(target):
+    """Every tile prefetches its lines of C for writing before its k loop (the partial sums
+    it reloads after the loop were stored a pass over M earlier): prefetchw on x86, a store
+    prefetch on AArch64."""
+    if "aarch64" in str(target) and "aarch64" not in str(
+            tvm.target.codegen.llvm_get_targets()):
+        pytest.skip("LLVM built without the AArch64 backend")
+    mr, nr = cpu_params(target).gemm_tile()
+    asm = assembly(_matmul(3 * mr, 1000, 4 * nr), target)
+    write = r"prefetchw\b" if "aarch64" not in str(target) else r"prfm\s+pstl1keep"
+    assert len(re.findall(write, asm)) >= mr, asm.count("prefetch")
 
 
 def _host_has(feature: str) -> bool:

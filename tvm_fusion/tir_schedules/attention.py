@@ -414,7 +414,10 @@ class _CpuEmitter:
         with IRBuilder() as ib:
             with T.parallel(tirx.const(0, itype), heads * groups) as task:
                 g, batch = split_task(task, groups, p.batch_extents)
-                kt = T.alloc_buffer((dk, n_kt * bk), F32)
+                # tile-major (Kt[kb, k, j]): one key tile is a contiguous dk × bk block, where
+                # rows of the whole key length (a stride of 4·seq bytes, 8 KiB at 2,048) put
+                # a tile's dk rows in the same few L1 sets, reloaded from L2 at every k
+                kt = T.alloc_buffer((n_kt, dk, bk), F32)
                 vp = T.alloc_buffer((n_kt * bk, dvp), F32)
                 kstat = T.alloc_buffer((n_kt, 2), F32)  # per key tile: max |k|, all finite
                 self._pack_keys(kt, vp, kstat, batch, n_kt)
@@ -441,12 +444,12 @@ class _CpuEmitter:
                         skip = self._skip_condition(i0, nq, j0, nk, kb, mrow, stats, kstat)
                         if skip is None:
                             self._tile(qp, kt, vp, sc, acc, mrow, lrow, corr, batch, i0, nq,
-                                       j0, nk)
+                                       kb, nk)
                         else:
                             with T.If(tirx.Not(skip)):
                                 with T.Then():
                                     self._tile(qp, kt, vp, sc, acc, mrow, lrow, corr, batch,
-                                               i0, nq, j0, nk)
+                                               i0, nq, kb, nk)
                     self._store(acc, lrow, batch, i0, nq)
         return ib.get()
 
@@ -482,8 +485,8 @@ class _CpuEmitter:
         return any(r.slope is not None for r in self.regions)
 
     def _pack_keys(self, kt, vp, kstat, batch, n_kt):
-        """Kt[k, j] (keys contiguous) and Vp[j, d] for every key of the task's head, padding
-        keys zero; per key tile the bounds the masked-tile test needs."""
+        """Kt[kb, k, j] (a tile's keys contiguous) and Vp[j, d] for every key of the task's head,
+        padding keys zero; per key tile the bounds the masked-tile test needs."""
         p, t = self.p, self.t
         with T.serial(tirx.const(0, str(p.j.ty)), n_kt) as kb:
             T.buffer_store(kstat, tirx.const(0.0, F32), [kb, 0])
@@ -493,17 +496,18 @@ class _CpuEmitter:
                 with T.If(j < p.sk):
                     with T.Then():
                         with T.serial(0, p.dk) as kk:
-                            T.buffer_store(kt, value_at(p.key, p, batch, j=j, k=kk), [kk, j])
+                            T.buffer_store(kt, value_at(p.key, p, batch, j=j, k=kk),
+                                           [kb, kk, c])
                         with T.serial(0, p.dv) as dd:
                             T.buffer_store(vp, value_at(p.value, p, batch, j=j, d=dd), [j, dd])
                         for dd in range(p.dv, self.dvp):
                             T.buffer_store(vp, tirx.const(0.0, F32), [j, dd])
                         if self._needs_bounds():
                             with T.serial(0, p.dk) as kk:
-                                self._track(kstat, [kb, 0], [kb, 1], kt[kk, j])
+                                self._track(kstat, [kb, 0], [kb, 1], kt[kb, kk, c])
                     with T.Else():
                         with T.serial(0, p.dk) as kk:
-                            T.buffer_store(kt, tirx.const(0.0, F32), [kk, j])
+                            T.buffer_store(kt, tirx.const(0.0, F32), [kb, kk, c])
                         with T.serial(0, self.dvp) as dd:
                             T.buffer_store(vp, tirx.const(0.0, F32), [j, dd])
 
@@ -546,13 +550,14 @@ class _CpuEmitter:
 
     # ------------------------------------------------------------------ one key tile
 
-    def _tile(self, qp, kt, vp, sc, acc, mrow, lrow, corr, batch, i0, nq, j0, nk):
+    def _tile(self, qp, kt, vp, sc, acc, mrow, lrow, corr, batch, i0, nq, kb, nk):
         groups = tirx.floordiv(nq + (self.t.mr - 1), self.t.mr)  # row groups holding rows
-        self._scores(qp, kt, sc, groups, j0)
+        j0 = kb * self.t.bk
+        self._scores(qp, kt, sc, groups, kb)
         self._online_softmax(sc, mrow, lrow, corr, batch, i0, nq, j0, nk)
         self._accumulate(sc, vp, acc, corr, groups, j0)
 
-    def _scores(self, qp, kt, sc, groups, j0):
+    def _scores(self, qp, kt, sc, groups, kb):
         """sc = qp · kt with an mr × nr register tile (keys vectorised), over the row groups
         that hold query rows (a partial last block computes only those)."""
         p, t = self.p, self.t
@@ -570,7 +575,7 @@ class _CpuEmitter:
                             with T.vectorized(0, t.lanes) as ln:
                                 col = v * t.lanes + ln
                                 T.buffer_store(reg, reg[r, col] + qp[rg * t.mr + r, kk]
-                                               * kt[kk, j0 + cg * t.nr + col], [r, col])
+                                               * kt[kb, kk, cg * t.nr + col], [r, col])
                 with T.unroll(0, t.mr) as r:
                     with T.unroll(0, vecs) as v:
                         with T.vectorized(0, t.lanes) as ln:

@@ -14,10 +14,9 @@ from tvm_fusion.compile import compile_model
 from tvm_fusion.fuzz.torch_programs import BLOCKS, check_program, draw_program
 from tvm_fusion.relay_passes.legalize_repairs import LegalizeNonFiniteFull
 
-pytest.importorskip("torch")
-
 
 def test_draws_are_seeded_and_cover_every_block():
+    pytest.importorskip("torch")
     assert draw_program(5).blocks == draw_program(5).blocks
     seen = " ".join(label for seed in range(60) for label in draw_program(seed).blocks)
     prefixes = {"linear": "linear", "activation": "relu", "norm": "norm", "attention": "sdpa_",
@@ -55,6 +54,7 @@ def test_full_of_minus_inf_is_legalised_and_builds():
 def test_seed_2_sdpa_with_a_full_minus_inf_mask():
     """Found by the fuzzer: ``torch.full((s, s), -inf).triu(1)`` as SDPA's mask (stock TVM
     does not build it)."""
+    pytest.importorskip("torch")
     result = check_program(draw_program(2))
     assert result.status == "ok", result.error
     assert "sdpa_additive" in " ".join(result.blocks)
@@ -62,6 +62,7 @@ def test_seed_2_sdpa_with_a_full_minus_inf_mask():
 
 @pytest.mark.slow
 def test_a_few_seeds():
+    pytest.importorskip("torch")
     for seed in range(8):
         result = check_program(draw_program(seed))
         assert result.status in ("ok", "skipped"), (seed, result.blocks, result.error)
@@ -72,5 +73,6 @@ def test_seed_30_narrow_gemm_over_batch_times_sequence_rows():
     """Found by the fuzzer: SwiGLU's down projection (N = 16) over rows ``batch·seq``, both
     symbolic, split into parallel row ranges on a 2-core target: TVM 0.27's lowering bound a
     variable twice (``rmod``) and the build failed. Such a GEMM keeps its rows on one thread."""
+    pytest.importorskip("torch")
     result = check_program(draw_program(30), target={"kind": "llvm", "num-cores": 2})
     assert result.status == "ok", result.error

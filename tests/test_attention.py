@@ -313,7 +313,8 @@ def _gpu_module(model, target):
 @pytest.mark.parametrize("kind,options", [("llama", {}), ("swin", {}),
                                           ("gpt2", {}),
                                           # enough rows for one thread per row (tail of 4)
-                                          ("gpt2", {"seq": 260, "heads": 32}),
+                                          pytest.param("gpt2", {"seq": 260, "heads": 32},
+                                                       marks=pytest.mark.slow),
                                           # ViT's shape: 197 rows, several rows per block
                                           ("bert", {"seq": 197, "heads": 12, "head_dim": 64}),
                                           pytest.param("llama", {"dtype": "float16"},
@@ -538,8 +539,8 @@ def test_gpu_causal_block_stops_at_its_diagonal(kind):
         assert n < 1024 or counted < 0.55 * full  # about half of all tiles
 
 
-@pytest.mark.parametrize("kind,case", [("llama", None), ("gpt2", None), ("llama", "nan_key"),
-                                       ("gpt2", "nan_key")])
+@pytest.mark.parametrize("kind,case", [pytest.param("llama", None, marks=pytest.mark.slow),
+                                       ("gpt2", None), ("llama", "nan_key"), ("gpt2", "nan_key")])
 def test_gpu_causal_tail_on_pocl(kind, case):
     """The causal tail bound on PoCL, symbolic length at two sizes from one module; a NaN key
     in the masked tail poisons every row through ``s + min`` (the tail is then streamed, as

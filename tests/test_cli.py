@@ -47,10 +47,10 @@ def _unsupported_model(path):
 @pytest.mark.parametrize("case, expected", [
     ("garbage", "not a valid ONNX model"),
     ("missing", "no such file"),
-    ("unsupported", "NoSuchOp"),
+    pytest.param("unsupported", "NoSuchOp", marks=pytest.mark.slow),
     ("option", "unknown tvm_fusion option 'bogus'"),
     ("strategy", "strategy='fastest' is not one of"),
-    ("target", "invalid target"),
+    pytest.param("target", "invalid target", marks=pytest.mark.slow),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, case, expected):
     path = tmp_path / "m.onnx"
@@ -98,12 +98,19 @@ def _one_line_exit_2(result, expected):
     (["-O", "rewrite=maybe"], "option rewrite='maybe' is not a boolean; accepted: true or false"),
     (["-O", "max_ops_per_block=2.5"],
      "option max_ops_per_block='2.5' is not an integer; accepted: an integer >= 1"),
-    (["-O", "max_ops_per_block=abc"], "option max_ops_per_block='abc' is not an integer"),
-    (["-O", "flops_per_byte=abc"], "option flops_per_byte='abc' is not a number"),
+    pytest.param(["-O", "max_ops_per_block=abc"],
+                 "option max_ops_per_block='abc' is not an integer", marks=pytest.mark.slow),
+    pytest.param(["-O", "flops_per_byte=abc"], "option flops_per_byte='abc' is not a number",
+                 marks=pytest.mark.slow),
     (["-O", 'table3={"O2M,M2M": "blue"}'], "option table3: unknown colour 'blue'; accepted"),
-    (["-O", "table3=O2M:M2X=green"], "option table3: unknown mapping type 'M2X'"),
-    (["-O", "record=[]"], "unknown tvm_fusion option 'record' (plans are collected by"),
-    (["-O", "preset=fastest"], "option preset='fastest' is not one of: conservative, default"),
+    pytest.param(["-O", "table3=O2M:M2X=green"], "option table3: unknown mapping type 'M2X'",
+                 marks=pytest.mark.slow),
+    pytest.param(["-O", "record=[]"],
+                 "unknown tvm_fusion option 'record' (plans are collected by",
+                 marks=pytest.mark.slow),
+    pytest.param(["-O", "preset=fastest"],
+                 "option preset='fastest' is not one of: conservative, default",
+                 marks=pytest.mark.slow),
     (["--target", '{"kind": "llvm",'], "--target: invalid target '{\"kind\": \"llvm\",': "
                                         "not valid JSON (Expecting property name"),
 ])
@@ -144,6 +151,7 @@ def test_options_that_used_to_be_misread_now_work(tmp_path):
     assert '"fused_kernels": 1' in result.stdout
 
 
+@pytest.mark.slow
 def test_compile_creates_missing_output_folders(tmp_path):
     path = _tiny_model(tmp_path / "relu.onnx")
     lib = tmp_path / "does" / "not" / "exist" / "relu.so"
@@ -153,11 +161,13 @@ def test_compile_creates_missing_output_folders(tmp_path):
     _one_line_exit_2(_run("compile", str(path), "-o", str(tmp_path)), "is a folder")
 
 
+@pytest.mark.slow
 def test_opset_newer_than_onnx_defines_is_one_line(tmp_path):
     path = _tiny_model(tmp_path / "future.onnx", opset=onnx.defs.onnx_opset_version() + 1)
     _one_line_exit_2(_run("report", str(path)), "is newer than any this onnx")
 
 
+@pytest.mark.slow
 def test_report_of_several_models_goes_on_past_a_bad_one(tmp_path):
     """One bad file among several: one line naming it, the other models reported, exit 2."""
     good = [_tiny_model(tmp_path / f"{n}.onnx") for n in ("a", "c")]
@@ -349,7 +359,7 @@ def test_rank0_inputs_build_check_and_name_their_errors(tmp_path):
                                                "shape input must be 1D tensor")
 
 
-@pytest.mark.parametrize("kind", ["vulkan", "metal"])
+@pytest.mark.parametrize("kind", ["vulkan", pytest.param("metal", marks=pytest.mark.slow)])
 def test_a_target_without_a_code_generator_is_named(tmp_path, kind):
     import tvm
 

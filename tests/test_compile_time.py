@@ -47,6 +47,7 @@ def test_chained_tanh_kept_to_two_per_expression():
     assert len(reasons) == 3 and all("nested" in r for r in reasons)  # 8 tanh: 4 stages
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_thousand_mixed_operators_compile():
     ops = ["Tanh", "Mul", "Sigmoid", "Add", "Erf", "Exp", "Sub"]

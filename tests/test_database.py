@@ -241,6 +241,7 @@ def test_writer_killed_mid_transaction_leaves_a_readable_database(tmp_path):
         assert len(db) == 21
 
 
+@pytest.mark.slow
 def test_writer_killed_while_recording_in_a_loop(tmp_path):
     path = tmp_path / "loop.db"
     child = _child(_WRITER, path, "x", 100_000)

@@ -301,6 +301,7 @@ _MEASURING_CHILD = """
 """
 
 
+@pytest.mark.slow
 def test_two_processes_measuring_into_one_database(tmp_path):
     path = tmp_path / "shared.db"
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -3,6 +3,7 @@ a user stay out of it, and ``--why`` prints one line per rejection pattern with 
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_cli import _run
 
@@ -23,6 +24,7 @@ def _two_gathers(path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
+@pytest.mark.slow
 def test_take_fast_mode_warning_kept_out_of_report(tmp_path):
     path = tmp_path / "gathers.onnx"
     _two_gathers(path)

@@ -284,6 +284,7 @@ def test_unreachable_tracker_names_the_option(model_path, tmp_path, capsys):
     assert rc == 2 and "--tracker" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_no_server_under_key_and_bad_target(model_path, tmp_path, capsys):
     proc, port = rpc.start_tracker("127.0.0.1")

@@ -71,6 +71,7 @@ def test_matmul_add_relu_batch_and_sequence(packed):
     assert FALLBACK_ATTR not in func.attrs
 
 
+@pytest.mark.slow
 def test_encoder_layer():
     fused = check_symbolic(encoder_layer(), [{"batch": 1, "seq": 7}, {"batch": 2, "seq": 33}])
     stock = count_kernels(fuse(import_onnx(encoder_layer()), TARGET, strategy="tvm"))
@@ -91,6 +92,7 @@ def test_conv_net_dynamic_batch():
     check_symbolic(conv_net(), [{"batch": 1}, {"batch": 3}])
 
 
+@pytest.mark.slow
 def test_conv_net_packed_dynamic_batch():
     """Conv packing (NCHW[x]c) keeps a symbolic batch."""
     fused = check_symbolic(conv_net(), [{"batch": 2}], conv_layout="NCHWc")

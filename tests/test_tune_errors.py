@@ -77,6 +77,7 @@ def _add_one(a: T_script.Buffer((64,), "float32"), b: T_script.Buffer((64,), "fl
 
 @pytest.mark.skipif(CROSS_GXX is None, reason="aarch64-linux-gnu-g++ (the NDK's stand-in) is "
                     "not installed (apt-get install g++-aarch64-linux-gnu)")
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ndk_export_runs_in_builder_workers(monkeypatch):
     """meta_schedule's LocalBuilder with our f_export: its worker processes link an AArch64

@@ -243,6 +243,10 @@ def test_scheduled_fp16_kernels_do_no_fp16_arithmetic_without_fp16_math(strategy
             assert len(roundings) <= 1, store
     notes = _notes(funcs)
     assert any("rounded once at the store" in n for n in notes), notes
+    # every 1×1 conv is the packed GEMM, those of one K block too (whose fp16 write-back
+    # once referenced float32 partial sums it never allocated: "kernel not used")
+    assert not any("not used" in n for n in notes), notes
+    assert sum("packed GEMM" in n for n in notes) >= 4, notes
     dw5 = [f for f in funcs if any("tile depthwise" in n and "lanes" in n
                                    for n in f.attrs[SCHEDULE_ATTR])
            and not any("stride-2" in n for n in f.attrs[SCHEDULE_ATTR])]

@@ -244,8 +244,11 @@ class _Emitter:
         body = self._k_loop(klen, update)
         out = _choose(last, _choose(first, finish(False), finish(True)),
                       _choose(first, save(False), save(True)))
-        return _seq([*map(_on_stack, accs), *self._prefetch_c(rows, row0, col0, cols),
-                     self._each(rows, zero), body, out])
+        # one K block reads no partial sums back (and a narrowing write-back then allocates
+        # no float32 partial sums to prefetch)
+        one_block = first is True and last is True
+        prefetch = [] if one_block else self._prefetch_c(rows, row0, col0, cols)
+        return _seq([*map(_on_stack, accs), *prefetch, self._each(rows, zero), body, out])
 
     def _prefetch_c(self, rows: int, row0, col0, cols: int) -> list:
         """Prefetches (for writing) of every cache line of the tile's C, issued before its k

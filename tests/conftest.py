@@ -14,6 +14,15 @@ from tvm_fusion.numerics import compare, onnx_reference
 
 TARGET = tvm.target.Target("llvm")
 
+
+def host_has(feature: str) -> bool:
+    """Whether this machine's CPU has ``feature`` (a /proc/cpuinfo flag: avx2, fma)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return f" {feature}" in handle.read()
+    except OSError:
+        return False
+
 # Plans must not depend on a developer's own profiling database: point at one that is absent,
 # so yellow cells fall back to the analytic default (which says so in the report).
 os.environ["TVM_FUSION_DB"] = os.path.join(os.path.dirname(__file__), "no-such-profiling.db")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tvm
 from asm_inspect import AARCH64, AVX512, ZEN3, assembly, fma_loops
-from conftest import TARGET
+from conftest import TARGET, host_has
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 from tvm.ir.expr import GenericConst
@@ -92,7 +92,7 @@ def test_odd_shapes_match_onnxruntime(m, n, k):
 
 def test_avx2_tile_on_this_target():
     """The 4×24 tile and Zen 3's blocks, numerically right where the CPU runs AVX2."""
-    if not _host_has("avx2"):
+    if not host_has("avx2"):
         pytest.skip("this CPU has no AVX2")
     mod = _check(_matmul(37, 600, 130), target=ZEN3)
     assert "packed GEMM 4×24 tile, KC 256" in schedule_notes(mod)
@@ -346,9 +346,3 @@ def test_c_tile_is_prefetched_for_writing(target):
     assert len(re.findall(write, asm)) >= mr, asm.count("prefetch")
 
 
-def _host_has(feature: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            return f" {feature}" in handle.read()
-    except OSError:
-        return False

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tvm
 from asm_inspect import AARCH64, AVX512, ZEN3
-from conftest import TARGET
+from conftest import TARGET, host_has
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.compile import compile_model, fuse, import_onnx, run
@@ -52,17 +52,9 @@ def _grouped(cin, cout, size, group, stride=1, act="Relu", batch=1, kernel=3):
                   [_vi("y", [batch, cout, out, out])], inits)
 
 
-def _host_has(feature: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            return f" {feature}" in handle.read()
-    except OSError:
-        return False
-
-
 def _check(model, target, **feeds_override):
     """Numerics on ``target`` (AVX2 code runs only where the CPU has it); returns the notes."""
-    if target is ZEN3 and not (_host_has("avx2") and _host_has("fma")):
+    if target is ZEN3 and not (host_has("avx2") and host_has("fma")):
         pytest.skip("this CPU has no AVX2/FMA")
     mod = import_onnx(model)
     feeds = random_inputs(model, shape_overrides=feeds_override or None)

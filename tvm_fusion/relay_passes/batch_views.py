@@ -23,6 +23,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, sym
 
+from .mutate import rewrite_functions
+
 __all__ = ["UnflattenBatchMatmul"]
 
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
@@ -35,15 +37,7 @@ def UnflattenBatchMatmul() -> tvm.transform.Pass:  # noqa: N802 (a pass construc
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.UnflattenBatchMatmul")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mutator = _Unflatten(mod)
-        changed = False
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                new = mutator.visit_expr(func)
-                if mutator.rewritten:
-                    mutator.builder_.update_func(gvar, relax.analysis.remove_all_unused(new))
-                    changed, mutator.rewritten = True, 0
-        return mutator.builder_.finalize() if changed else mod
+        return rewrite_functions(mod, _Unflatten(mod))
 
     return _pass
 

@@ -15,6 +15,8 @@ import math
 import tvm
 from tvm import relax, topi
 
+from .mutate import rewrite_functions
+
 __all__ = ["LegalizeNonFiniteFull"]
 
 _FULL = (tvm.ir.Op.get("relax.full"), tvm.ir.Op.get("relax.full_like"))
@@ -25,15 +27,7 @@ def LegalizeNonFiniteFull() -> tvm.transform.Pass:  # noqa: N802 (a pass constru
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.LegalizeNonFiniteFull")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        mutator = _Legalize(mod)
-        changed = False
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                new = mutator.visit_expr(func)
-                if mutator.legalised:
-                    mutator.builder_.update_func(gvar, new)
-                    changed, mutator.legalised = True, 0
-        return mutator.builder_.finalize() if changed else mod
+        return rewrite_functions(mod, _Legalize(mod))
 
     return _pass
 
@@ -52,7 +46,7 @@ def _non_finite_fill(call: relax.Call) -> float | None:
 class _Legalize(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
-        self.legalised = 0
+        self.rewritten = 0
 
     def visit_call_(self, call: relax.Call):
         call = super().visit_call_(call)
@@ -62,6 +56,6 @@ class _Legalize(relax.PyExprMutator):
         shape = call.args[0].ty.shape if call.op.same_as(_FULL[1]) else call.args[0]
         if value is None or not isinstance(shape, relax.ShapeExpr):
             return call
-        self.legalised += 1
+        self.rewritten += 1
         return self.builder_.call_te(topi.full, list(shape.values), str(call.ty.dtype), value,
                                      primfunc_name_hint="full")

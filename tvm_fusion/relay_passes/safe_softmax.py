@@ -30,6 +30,8 @@ import math
 import tvm
 from tvm import relax, te, tirx
 
+from .mutate import rewrite_functions
+
 __all__ = ["FoldSafeSoftmax", "safe_softmax"]
 
 _OP = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
@@ -61,16 +63,7 @@ def FoldSafeSoftmax() -> tvm.transform.Pass:  # noqa: N802 (a pass constructor)
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.FoldSafeSoftmax")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        folder = _Fold(mod)
-        changed = False
-        for gvar, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                new = folder.visit_expr(func)
-                if folder.folded:
-                    folder.builder_.update_func(gvar, relax.analysis.remove_all_unused(new))
-                    changed = True
-                    folder.folded = 0
-        return folder.builder_.finalize() if changed else mod
+        return rewrite_functions(mod, _Fold(mod))
 
     return _pass
 
@@ -95,7 +88,7 @@ class _Fold(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
         self.values: dict = {}  # variable -> the expression bound to it
-        self.folded = 0
+        self.rewritten = 0
 
     def _value(self, expr):
         """The call behind ``expr`` (through variable bindings)."""
@@ -164,5 +157,5 @@ class _Fold(relax.PyExprMutator):
             return
         call = self.builder_.call_te(safe_softmax, self.visit_expr(scores),
                                      primfunc_name_hint="safe_softmax")
-        self.folded += 1
+        self.rewritten += 1
         self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(call)))

@@ -186,6 +186,7 @@ def test_report_of_several_models_goes_on_past_a_bad_one(tmp_path):
     assert result.stdout.count("model a:") == 1 and result.stdout.count("model c:") == 1
 
 
+@pytest.mark.slow
 def test_report_checks_fp16_with_fp16_tolerances(tmp_path):
     """MatMul -> Tanh -> Mul in fp16: TVM (stock and ours, bit-identical) and ONNX Runtime
     differ by a few fp16 ulps (max 0.047 at 17.2), which fp32 tolerances called a failure."""

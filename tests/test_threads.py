@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tvm_fusion.threads import physical_cores, use_physical_cores
 
 _NUM_THREADS = ("import tvm, tvm_fusion.threads as t; {setup}"
@@ -20,6 +22,7 @@ def test_physical_cores_counts_each_core_once():
     assert 1 <= physical_cores() <= (os.cpu_count() or 1)
 
 
+@pytest.mark.slow
 def test_runtime_gets_one_thread_per_physical_core():
     env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
     assert _runtime_threads("t.use_physical_cores(); ", env) == physical_cores()

@@ -203,6 +203,7 @@ def test_local_and_tracker_options_are_checked(tmp_path, capsys):
         assert rc == 2 and err.count("\n") == 1 and option in err, (extra, err)
 
 
+@pytest.mark.slow
 def test_a_task_whose_space_fails_keeps_its_hand_schedule(tmp_path):
     """meta_schedule generates every design space before its first trial and catches nothing
     there: its rules fail on a fused attention block (``reverse_compute_at``), which stopped

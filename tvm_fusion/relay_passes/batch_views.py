@@ -23,7 +23,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, sym
 
-from .mutate import rewrite_functions
+from .mutate import BindingRewriter, rewrite_functions
 
 __all__ = ["UnflattenBatchMatmul"]
 
@@ -55,11 +55,9 @@ def _same(ana: sym.Analyzer, a: list, b: list) -> bool:
 
 
 @relax.expr_functor.mutator
-class _Unflatten(relax.PyExprMutator):
+class _Unflatten(BindingRewriter):
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
-        self.values: dict = {}  # variable -> the expression bound to it
-        self.rewritten = 0
         self.ana = sym.Analyzer()
 
     def _bound(self, expr, op):

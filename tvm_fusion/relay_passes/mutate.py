@@ -7,7 +7,24 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-__all__ = ["rewrite_functions"]
+__all__ = ["BindingRewriter", "rewrite_functions"]
+
+
+class BindingRewriter(relax.PyExprMutator):
+    """Base of a rewrite that reads what variables are bound to: ``values`` maps each variable
+    visited so far to its expression (a subclass's ``visit_var_binding_`` records it),
+    ``rewritten`` counts the bindings replaced (:func:`rewrite_functions` reads it)."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.values: dict = {}
+        self.rewritten = 0
+
+    def bound(self, expr):
+        """The expression behind ``expr``, through variable bindings."""
+        while isinstance(expr, relax.Var) and expr in self.values:
+            expr = self.values[expr]
+        return expr
 
 
 def rewrite_functions(mod: tvm.IRModule, mutator: relax.PyExprMutator) -> tvm.IRModule:

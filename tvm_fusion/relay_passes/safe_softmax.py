@@ -30,7 +30,7 @@ import math
 import tvm
 from tvm import relax, te, tirx
 
-from .mutate import rewrite_functions
+from .mutate import BindingRewriter, rewrite_functions
 
 __all__ = ["FoldSafeSoftmax", "safe_softmax"]
 
@@ -84,22 +84,11 @@ def _last_axis(axis, ndim: int) -> bool:
 
 
 @relax.expr_functor.mutator
-class _Fold(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule):
-        super().__init__(mod)
-        self.values: dict = {}  # variable -> the expression bound to it
-        self.rewritten = 0
-
-    def _value(self, expr):
-        """The call behind ``expr`` (through variable bindings)."""
-        while isinstance(expr, relax.Var) and expr in self.values:
-            expr = self.values[expr]
-        return expr
-
+class _Fold(BindingRewriter):
     def _skip_casts(self, expr):
-        expr = self._value(expr)
+        expr = self.bound(expr)
         while _is_call(expr, "astype"):
-            expr = self._value(expr.args[0])
+            expr = self.bound(expr.args[0])
         return expr
 
     def _no_finite_score(self, cond, scores, ndim: int) -> bool:
@@ -113,28 +102,28 @@ class _Fold(relax.PyExprMutator):
             return False
         test = self._skip_casts(red.args[0])
         if _is_call(test, "logical_not"):
-            test = self._value(test.args[0])
+            test = self.bound(test.args[0])
             if not _is_call(test, "equal"):
                 return False
         elif not _is_call(test, "not_equal"):
             return False
         a, b = test.args
-        if self._value(b).same_as(self._value(scores)):
+        if self.bound(b).same_as(self.bound(scores)):
             a, b = b, a
-        return self._value(a).same_as(self._value(scores)) and _is_const(
-            self._value(b), -math.inf)
+        return self.bound(a).same_as(self.bound(scores)) and _is_const(
+            self.bound(b), -math.inf)
 
     def _is_zero(self, expr) -> bool:
-        expr = self._value(expr)
+        expr = self.bound(expr)
         return _is_const(expr, 0.0) or _is_call(expr, "zeros_like") or (
-            _is_call(expr, "full_like") and _is_const(self._value(expr.args[1]), 0.0))
+            _is_call(expr, "full_like") and _is_const(self.bound(expr.args[1]), 0.0))
 
     def _match(self, value):
         """The scores of a safe softmax bound to ``value``, or None."""
         if not _is_call(value, "where"):
             return None
         cond, zero, probs = value.args
-        sm = self._value(probs)
+        sm = self.bound(probs)
         if not _is_call(sm, "nn.softmax"):
             return None
         scores = sm.args[0]

@@ -714,12 +714,15 @@ def emit_attention(b: Builder, t: str):
             node("Neg", [node("Slice", [x, ints([half]), ints([dim]), ints([3])])]),
             node("Slice", [x, ints([0]), ints([half]), ints([3])])], axis=3) for x in (q, k))
     mask = None
-    if rng.random() < 0.5:
-        mask = np.triu(np.full((seq, seq), _pick(rng, [-1e9, -np.inf]), np.float32), 1)
+    if rng.random() < 0.5:  # the lowest float: the GPU kernel's running max once started above
+        value = _pick(rng, [-1e9, -np.inf, np.finfo(np.float32).min])
+        mask = np.triu(np.full((seq, seq), value, np.float32), 1)
     bmm = rng.random() < 0.5
     safe = rng.random() < 0.5  # torch.export's _safe_softmax (relay_passes/safe_softmax.py)
-    if safe and mask is not None and np.isinf(mask).any():
-        mask[0, :] = -np.inf  # a query row masked entirely: 0 from a safe softmax, not NaN
+    if mask is not None and seq > 1 and (safe or np.isfinite(mask[0, 1])):
+        # a query row masked entirely: uniform weights by a finite value, 0 from a safe
+        # softmax by -inf (softmax alone: NaN)
+        mask[0, :] = mask[0, 1]
 
     def matmul(x, y):
         """``x @ y``, or as torch.export writes it (``bmm``): each operand expanded to its own

@@ -31,7 +31,7 @@ SGEMM): the weight ``W[N, C·kh·kw]`` is the A operand (rows: output channels, 
 k), and the im2col matrix of the input, packed per call straight into NR-column panels, is B
 (columns: the output positions of every image)::
 
-    Bp[p // NR, k, p % NR] = x_pad[b(p), _i64(k), oh(p)·sh + r(k)·dh, ow(p)·sw + s(k)·dw]
+    Bp[p // NR, k, p % NR] = x_pad[b(p), c(k), oh(p)·sh + r(k)·dh, ow(p)·sw + s(k)·dw]
     C[co, p] = Σ_k W[co, k] · Bp[p // NR, k, p % NR]          # matmul_packed
     y[b, co, oh, ow] = C[co, b·OH·OW + oh·OW + ow]
 

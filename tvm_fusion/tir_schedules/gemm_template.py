@@ -459,7 +459,7 @@ def parallel_plan(n: int, blk: Blocking, cores: int, rows=None) -> tuple[str, in
     """How the nest uses ``cores`` threads, and the full panels per N block: N blocks in
     parallel when there are at least as many as cores (each block then at most 1/cores of N),
     else row ranges in parallel (N of one or two panels) when ``rows`` (M, when known) fill more
-    than one row tile, else one thread."""
+    than one row tile and are not a product of symbolic sizes, else one thread."""
     full_panels = n // blk.nr
     per_block = max(1, blk.nc // blk.nr)
     known = const_int(rows) if rows is not None else None
@@ -471,6 +471,11 @@ def parallel_plan(n: int, blk: Blocking, cores: int, rows=None) -> tuple[str, in
     if known is not None and known <= blk.mr:
         # one row tile (a GEMV, a conv over one position): a second range would be empty,
         # and its runtime-sized row tails would be emitted for nothing
+        return "one thread", per_block
+    if known is None and rows is not None and not isinstance(rows, tirx.Var):
+        # M a product of symbolic sizes (batch·seq): each range's row index, divided by a
+        # symbolic size to address A, made TVM 0.27's CSE and LowerIntrin bind one variable
+        # twice (a build error); such a GEMM keeps its rows on one thread
         return "one thread", per_block
     return "parallel row ranges", shared
 
@@ -485,11 +490,6 @@ def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
 
 def _nest(em: _Emitter, gemm: Gemm, blk: Blocking, cores: int, rows) -> tirx.Stmt:
     mode, per_block = parallel_plan(gemm.n, blk, cores, rows)
-    if mode == "parallel row ranges" and not isinstance(rows, (tirx.IntImm, tirx.Var)):
-        # M a product of symbolic sizes (batch·seq): each range's row index, divided by a
-        # symbolic size to address A, made TVM 0.27's CSE and LowerIntrin bind one variable
-        # twice (a build error); such a GEMM keeps its rows on one thread
-        mode, per_block = parallel_plan(gemm.n, blk, 1, rows)
     if mode != "parallel row ranges":
         return _seq(em.columns(_i64(0), rows, per_block, mode == "parallel N blocks"))
     chunk = _simplify(tirx.floordiv(rows + _i64(cores * blk.mr - 1), _i64(cores * blk.mr))

@@ -272,6 +272,34 @@ def _softmax_feeds_sigmoid(case: Case) -> bool:
     return hit and case.options.get("schedule") is False
 
 
+def test_a_packed_gemm_that_falls_back_is_recorded(monkeypatch):
+    """A build whose packed GEMM kernel failed (and ran on register tiles) has the right
+    values and a slower kernel: the case stays ``ok`` and names the fallback (a C prefetch
+    of never-allocated partial sums once sent every one-K-block fp16 conv there)."""
+    from tvm_fusion.tir_schedules import fused_block
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((32, 24)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 24])], [weight])
+    case = Case(seed=0, model=helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17)]))
+    assert differential.check_case(case).fallbacks == []
+    real = fused_block.schedule_primfunc
+
+    def packed_gemm_fails(func, params, fast=True, packed_gemm=True, **kwargs):
+        if packed_gemm and fused_block.has_packed_gemm(func):
+            raise RuntimeError("template broke")
+        return real(func, params, fast=fast, packed_gemm=packed_gemm, **kwargs)
+
+    monkeypatch.setattr(fused_block, "schedule_primfunc", packed_gemm_fails)
+    outcome = differential.check_case(case)
+    assert outcome.cls == "ok", outcome
+    assert any("packed GEMM kernel" in f and "template broke" in f for f in outcome.fallbacks)
+
+
 def test_minimiser_keeps_only_what_the_failure_needs():
     case = Case(seed=0, model=_chain_model(),
                 options={"schedule": False, "layout": False, "rewrite": False}, special=True)

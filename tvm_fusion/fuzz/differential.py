@@ -25,6 +25,7 @@ import dataclasses
 import os
 import re
 import time
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -33,6 +34,7 @@ import onnx
 from ..compile import compile_model, fuse, graph_input_names, import_onnx, run
 from ..memory import planned_memory
 from ..numerics import abs_error, compare, onnx_reference
+from ..tir_schedules.records import ScheduleFailedWarning
 from .feeds import make_feeds
 
 CLASSES = ("ok", "wrong", "crash", "timeout", "skipped", "memory")
@@ -73,6 +75,9 @@ class Outcome:
     seconds: float = 0.0
     stock_bytes: int | None = None  # planned activation memory, with check_case_memory
     ours_bytes: int | None = None
+    # schedules of our build that failed and fell back (ScheduleFailedWarning): right values,
+    # slower kernels (a packed GEMM on register tiles ran MobileNetV3 fp16 at 0.17x ORT)
+    fallbacks: list = dataclasses.field(default_factory=list)
 
     def signature(self) -> str:
         """What the minimiser keeps fixed: the class and, for a crash, the error's shape (its
@@ -167,13 +172,18 @@ def check_case(case: Case, on_stage: Callable[[str], None] | None = None) -> Out
                             stock_err=stock_err))
     stage("ours")
     try:
-        ours = _build_and_run(case, inputs, **case.options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ScheduleFailedWarning)
+            ours = _build_and_run(case, inputs, **case.options)
     except Exception as err:  # noqa: BLE001
         return done(Outcome("crash", "ours", first_line(err), stock_err=stock_err))
+    fallbacks = [first_line(w.message) for w in caught
+                 if issubclass(w.category, ScheduleFailedWarning)]
     message, err = mismatch(ours, ref)
     if message:
-        return done(Outcome("wrong", "ours", message, max_err=err, stock_err=stock_err))
-    return done(Outcome("ok", "ours", max_err=err, stock_err=stock_err))
+        return done(Outcome("wrong", "ours", message, max_err=err, stock_err=stock_err,
+                            fallbacks=fallbacks))
+    return done(Outcome("ok", "ours", max_err=err, stock_err=stock_err, fallbacks=fallbacks))
 
 
 def check_case_memory(case: Case, on_stage: Callable[[str], None] | None = None) -> Outcome:

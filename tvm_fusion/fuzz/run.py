@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -80,7 +81,8 @@ def fuzz(seeds: Iterable[int], store: Store, worker: Worker, *, target: str = "l
 
 
 def summarise(records: list[dict]) -> dict:
-    """Counts per class and the failures grouped by their minimised error shape."""
+    """Counts per class, the failures grouped by their minimised error shape, and the cases
+    whose schedules fell back (right values, slower kernels) by the warning."""
     counts = Counter(r["class"] for r in records)
     groups: dict[str, list[int]] = {}
     for r in records:
@@ -91,7 +93,11 @@ def summarise(records: list[dict]) -> dict:
             if r.get("fixed_by") is not None:
                 key += f" | fixed by: {', '.join(r['fixed_by']) or 'none'}"
             groups.setdefault(key, []).append(r["seed"])
-    return {"counts": dict(counts), "groups": groups}
+    fallbacks: dict[str, list[int]] = {}  # schedules that fell back, by their first line
+    for r in records:
+        for line in r.get("fallbacks", []):
+            fallbacks.setdefault(re.sub(r"\d+", "N", line)[:160], []).append(r["seed"])
+    return {"counts": dict(counts), "groups": groups, "fallbacks": fallbacks}
 
 
 def _ops(rec: dict) -> list[str]:

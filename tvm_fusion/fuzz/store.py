@@ -43,6 +43,7 @@ def record(case: Case, outcome: Outcome, **extra) -> dict:
         "seconds": outcome.seconds,
         **({"stock_bytes": outcome.stock_bytes, "ours_bytes": outcome.ours_bytes}
            if outcome.ours_bytes is not None else {}),
+        **({"fallbacks": outcome.fallbacks} if outcome.fallbacks else {}),
         "options": options_to_json(case.options),
         "special": case.special,
         "target": case.target,

@@ -94,9 +94,10 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
 def schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
                            fast: bool, constants: dict | None = None) -> tirx.PrimFunc:
     """The attention template for a fused attention, OptiFX's overlapped tiles for a conv chain,
-    else the per-block rules; when those fail, inlining with plain parallel/vector loops (or
-    nothing), the error recorded and warned. ``constants``: the arguments every call passes
-    as the same constant (:func:`~.constant_mask.constant_arguments`)."""
+    else the per-block rules; when those fail, the register-tile rule for a packed GEMM, or
+    inlining with plain parallel/vector loops (or nothing), the error recorded and warned.
+    ``constants``: the arguments every call passes as the same constant
+    (:func:`~.constant_mask.constant_arguments`)."""
     attention = try_schedule_attention(gvar, func, params, fast, constants)
     if attention is not None:
         try:
@@ -116,6 +117,9 @@ def schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
         try:
             out = probe_build(schedule_primfunc(func, params, fast=fast, packed_gemm=False))
             notes = list(out.attrs[SCHEDULE_ATTR])
+            warnings.warn(f"tvm_fusion: packed GEMM kernel of {gvar.name_hint} failed "
+                          f"({reason}); using register tiles", ScheduleFailedWarning,
+                          stacklevel=2)
             return out.with_attr(SCHEDULE_ATTR, [f"packed GEMM kernel not used ({reason})"]
                                  + notes)
         except Exception as err:  # noqa: BLE001

@@ -79,3 +79,36 @@ def test_medians_in_turns_reads_the_given_clock():
     medians = medians_in_turns({"a": lambda: None}, warmup=0, repeat=3,
                                clock=lambda: next(ticks))
     assert medians == {"a": 1000.0}  # every call read the fake clock once before, once after
+
+
+def test_bench_cache_builds_once_then_loads(zoo, tmp_path, monkeypatch):
+    """--build-only fills the cache; the timing run loads those builds (no compile) with the
+    same numerics; an edited model is a new key."""
+    from tvm_fusion import bench
+
+    cache, model = tmp_path / "cache", zoo / "figure3.onnx"
+    assert main(["bench", str(model), "--variants", "tvm-fuseops-sched,tvm_fusion",
+                 "--cache", str(cache), "--build-only", "--out", str(tmp_path / "b")]) == 0
+    assert len(list(cache.glob("*.so"))) == 2
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("a cached build was compiled again")
+
+    monkeypatch.setattr(bench, "compile_model", no_compile)
+    out = tmp_path / "t"
+    assert main(["bench", str(model), "--variants", "tvm-fuseops-sched,tvm_fusion,onnxruntime",
+                 "--cache", str(cache), "--repeat", "1", "--warmup", "0", "--out", str(out)]) == 0
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert all(r["median_ms"] > 0 and r["max_error"] < 1e-4 for r in rows)
+
+    edited = onnx.load(model)
+    edited.doc_string = "another model"
+    onnx.save(edited, tmp_path / "figure3.onnx")
+    with pytest.raises(AssertionError, match="compiled again"):
+        bench.bench_model(tmp_path / "figure3.onnx", variants=("tvm_fusion",), repeat=1,
+                          warmup=0, cache_dir=cache)
+
+
+def test_bench_build_only_needs_a_cache(zoo, capsys):
+    assert main(["bench", str(zoo / "figure3.onnx"), "--build-only"]) == 2
+    assert "--cache" in capsys.readouterr().err

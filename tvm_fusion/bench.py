@@ -32,6 +32,7 @@ from tvm import relax
 
 from . import export_models
 from .atomic import atomic_write_text
+from .build_cache import load_or_build
 from .compile import (
     compile_model,
     default_sizes,
@@ -147,10 +148,18 @@ def medians_in_turns(calls: dict[str, Callable[[], object]], warmup: int = 2,
     return {name: statistics.median(times) * 1e3 for name, times in samples.items()}
 
 
-def _tvm_runner(model, target: str, compile_kwargs: dict, inputs: list[np.ndarray]):
+def _tvm_build(path, model, target: str, compile_kwargs: dict, cache_dir=None):
+    """The variant's executable, from ``cache_dir`` when an identical build is there
+    (:mod:`tvm_fusion.build_cache`)."""
+    tgt = to_target(target)
+    return load_or_build(cache_dir, path, compile_kwargs, tgt,
+                         lambda: compile_model(import_model(model), tgt, **compile_kwargs))
+
+
+def _tvm_runner(executable, target: str, inputs: list[np.ndarray]):
     tgt = to_target(target)
     device = tvm.device("cpu" if tgt.kind.name in ("llvm", "c") else tgt.kind.name, 0)
-    vm = relax.VirtualMachine(compile_model(import_model(model), tgt, **compile_kwargs), device)
+    vm = relax.VirtualMachine(executable, device)
     args = [tvm.runtime.tensor(x, device) for x in inputs]
 
     def call():
@@ -238,8 +247,13 @@ def _torch_runner(name: str, feeds: dict):
 
 def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARIANTS,
                 repeat: int = 10, warmup: int = 2, seed: int = 0, progress=None,
-                input_shapes: dict | None = None, clock: str = "wall"):
+                input_shapes: dict | None = None, clock: str = "wall", cache_dir=None,
+                build_only: bool = False):
     """Time every variant of one ONNX model; returns a list of :class:`Measurement`.
+
+    With ``cache_dir`` the TVM variants' builds are kept there and reused by a later run
+    (:mod:`tvm_fusion.build_cache`); ``build_only`` builds them and times nothing (rows
+    without a time), so a quiet timing run can follow.
 
     Every runtime gets the same threads, one per physical core (TVM's own default is half the
     hardware threads on x86: :mod:`tvm_fusion.threads`). A model with symbolic dimensions is
@@ -251,6 +265,15 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
         raise ValueError(f"unknown bench variant {unknown[0]!r}; expected {ALL_VARIANTS}")
     name = Path(path).stem
     model = load_model(path)
+    if build_only:
+        for variant in variants:
+            if variant in TVM_VARIANTS:
+                _tvm_build(path, model, target, TVM_VARIANTS[variant], cache_dir)
+            if progress is not None:
+                progress.update(1)
+        return [Measurement(name, v, None, None,
+                            "built" if v in TVM_VARIANTS else "not built: no TVM variant")
+                for v in variants]
     signature = model_signature(model)
     with symbolic_hints(default_sizes(model)):
         shapes = run_shapes(signature, shapes_for(signature, input_shapes))
@@ -263,7 +286,8 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
             progress.set_postfix_str(f"{name}/{variant}")
         try:
             if variant in TVM_VARIANTS:
-                call, outputs = _tvm_runner(model, target, TVM_VARIANTS[variant], inputs)
+                executable = _tvm_build(path, model, target, TVM_VARIANTS[variant], cache_dir)
+                call, outputs = _tvm_runner(executable, target, inputs)
             elif variant == "onnxruntime":
                 call, outputs = _ort_runner(model, feeds)
             elif isinstance(model, TorchProgram):
@@ -285,13 +309,16 @@ def bench_model(path: str | os.PathLike, target: str = "llvm", variants=ALL_VARI
 
 def run_bench(paths: list[Path], target="llvm", variants=ALL_VARIANTS, repeat=10, warmup=2,
               out_dir: str | os.PathLike = "out/bench", input_shapes: dict | None = None,
-              clock: str = "wall") -> list[Measurement]:
+              clock: str = "wall", cache_dir=None, build_only: bool = False
+              ) -> list[Measurement]:
     """Bench several models with one progress bar; writes JSON, Markdown and a PNG chart."""
     rows: list[Measurement] = []
-    with tqdm(total=len(paths) * len(variants), desc="bench", unit="run") as bar:
+    with tqdm(total=len(paths) * len(variants), desc="build" if build_only else "bench",
+              unit="run") as bar:
         for path in paths:
             rows += bench_model(path, target, variants, repeat, warmup, progress=bar,
-                                input_shapes=input_shapes, clock=clock)
+                                input_shapes=input_shapes, clock=clock, cache_dir=cache_dir,
+                                build_only=build_only)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "bench.json", json.dumps(
@@ -299,7 +326,8 @@ def run_bench(paths: list[Path], target="llvm", variants=ALL_VARIANTS, repeat=10
          "warmup": warmup, "clock": clock, "machine": machine(),
          "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
     atomic_write_text(out / "bench.md", to_markdown(rows) + "\n")
-    plot(rows, out / "bench.png")
+    if any(r.median_ms for r in rows):  # a --build-only run has nothing to draw
+        plot(rows, out / "bench.png")
     return rows
 
 

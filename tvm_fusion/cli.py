@@ -163,6 +163,12 @@ def _parser() -> argparse.ArgumentParser:
                        "time, which a busy neighbour does not inflate; cpu needs "
                        "TVM_NUM_THREADS=1")
     bench.add_argument("--out", default="out/bench", help="where JSON, Markdown and PNG go")
+    bench.add_argument("--cache", default=None, metavar="DIR",
+                       help="keep the TVM builds in DIR and reuse identical ones (same model, "
+                            "options, target, TVM and tvm_fusion code)")
+    bench.add_argument("--build-only", action="store_true",
+                       help="build the TVM variants into --cache and time nothing (for a "
+                            "timing run on a quiet machine later)")
     _input_shape_arg(bench)
     bench.set_defaults(func=_cmd_bench)
 
@@ -208,6 +214,8 @@ def _check_shape_names(shapes: dict | None, models: list) -> None:
 def _cmd_bench(args) -> int:
     _check_target(args.target)
     check_clock(args.clock)
+    if args.build_only and args.cache is None:
+        raise ValueError("--build-only keeps its builds in --cache DIR: give one")
     variants = list(ALL_VARIANTS) if args.variants is None else [
         v.strip() for v in args.variants.split(",") if v.strip()]
     if args.variants is not None:  # asked for by name: a missing runtime is an error
@@ -217,7 +225,11 @@ def _cmd_bench(args) -> int:
     if shapes:
         _check_shape_names(shapes, [load_model(p) for p in paths])
     rows = run_bench(paths, args.target, variants, args.repeat, args.warmup, args.out,
-                     input_shapes=shapes, clock=args.clock)
+                     input_shapes=shapes, clock=args.clock, cache_dir=args.cache,
+                     build_only=args.build_only)
+    if args.build_only:
+        print(f"built {len(paths)} model(s) into {args.cache}")
+        return 0
     print(bench_markdown(rows))
     print(f"wrote {args.out}/bench.json, bench.md, bench.png")
     return 0

@@ -58,7 +58,8 @@ LAYERS = {
              "tvm_fusion.export_architectures",
              "tvm_fusion.fuzz", "tvm_fusion.testing", "tvm_fusion.tuning.tune_cli",
              "tvm_fusion.tuning.db_cli"),
-    "driver": ("tvm_fusion.compile", "tvm_fusion.memory", "tvm_fusion.tuning.tune",
+    "driver": ("tvm_fusion.compile", "tvm_fusion.memory", "tvm_fusion.build_cache",
+               "tvm_fusion.tuning.tune",
                *DRIVERS_IN_PASS_PACKAGES),
     "transform": ("tvm_fusion.transform",),
     "profiling": ("tvm_fusion.tuning",),  # what transform hands the planners

@@ -50,7 +50,10 @@ def main(argv=None) -> int:
     p = _Parser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=_seeds, required=True, help="seed range A:B (B exclusive)")
     p.add_argument("--out", required=True, help="output folder (created; resumable)")
-    p.add_argument("--target", default="llvm", help='TVM target (kind, tag or JSON dict)')
+    p.add_argument("--target", default="native",
+                   help="TVM target (kind, tag or JSON dict); default (or 'native'): this "
+                        "machine's CPU, so its vector units and FMA contraction are fuzzed "
+                        "(a bare 'llvm' is SSE2)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per compile (60)")
     p.add_argument("--special-share", type=_share, default=0.3,
                    help="share of cases with NaN/inf/denormal/large inputs (0.3)")
@@ -82,10 +85,13 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from tvm_fusion.compile import to_target
+    from tvm_fusion.target import host_target_dict
     from tvm_fusion.fuzz.run import fuzz, summarise
     from tvm_fusion.fuzz.store import Store
     from tvm_fusion.fuzz.worker import Worker
 
+    if args.target == "native":
+        args.target = json.dumps(host_target_dict())
     try:
         to_target(args.target)
     except ValueError as err:

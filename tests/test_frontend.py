@@ -20,6 +20,8 @@ from tvm import relax
 from tvm_fusion.frontend import ALL_REPAIRS, FrontendError, ImportReport, from_onnx
 from tvm_fusion.numerics import onnx_reference
 
+from conftest import host_has
+
 SIZES = {"seq": (7, 200), "batch": (1, 3)}
 
 
@@ -215,6 +217,45 @@ def test_gather_at_constant_indices_is_a_take_at_constants():
     assert "shape_of" not in mod.script() and not _opaque_or_fresh(mod)
     _check_runs(model, mod, fused=True)
     assert "shape_of" in from_onnx(model, repairs=_without("gather_constant_indices")).script()
+
+
+# --------------------------------------------------------------------------------------------
+# two_pass_variance
+# --------------------------------------------------------------------------------------------
+
+FMA_TARGET = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # FMA: a·b − c contracts
+
+
+@pytest.mark.skipif(not host_has("fma"), reason="runs code for an FMA target")
+def test_mean_variance_normalization_takes_the_variance_of_the_centred_input():
+    """ONNX's ``(X − E[X]) / sqrt(E[(X − E[X])²])``: a row of mean 1000 and spread 0.1 keeps
+    its digits (``E[X²] − E[X]²`` cancels them), and a one-element row is ``0/0``, NaN as in
+    ONNX Runtime, also fused and built for an FMA target (the minimised fuzzer seed 46 gave 0
+    there: the contraction of ``E[X²] − E[X]·E[X]`` left a rounding error as the variance)."""
+    model = _model([helper.make_node("MeanVarianceNormalization", ["x"], ["y"], axes=[2, 3])],
+                   [_input("batch", 3, 4, 5)], 4)
+    report = ImportReport()
+    mod = from_onnx(model, report=report)
+    assert report.repairs["two_pass_variance"] == 1 and not _opaque_or_fresh(mod)
+    rng = np.random.default_rng(0)
+    x = (1000 + 0.1 * rng.standard_normal((2, 3, 4, 5))).astype(np.float32)
+    (ref,) = onnx_reference(model, {"x": x})
+    for build in (tvm.compile(mod, FMA_TARGET),
+                  tvm.compile(mod, FMA_TARGET, relax_pipeline="tvm_fusion")):
+        got = relax.VirtualMachine(build, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(got, ref, rtol=1e-2, atol=1e-2)  # x's own rounding: 6e-4
+    one = _model([helper.make_node("MeanVarianceNormalization", ["x"], ["y"], axes=[2, 3])],
+                 [_input(1, 2, 1, 1)], 4)
+    x = np.array([1.0340455, -3.0], np.float32).reshape(1, 2, 1, 1)
+    build = tvm.compile(from_onnx(one), FMA_TARGET, relax_pipeline="tvm_fusion")
+    got = relax.VirtualMachine(build, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    assert np.isnan(got).all() and np.isnan(onnx_reference(one, {"x": x})[0]).all()
+    # TVM's own converter: no correct digit in the first case
+    stock = tvm.compile(from_onnx(model, repairs=_without("two_pass_variance")), FMA_TARGET)
+    x = (1000 + 0.1 * rng.standard_normal((2, 3, 4, 5))).astype(np.float32)
+    (ref,) = onnx_reference(model, {"x": x})
+    got = relax.VirtualMachine(stock, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    assert not np.allclose(got, ref, rtol=1e-2, atol=1e-2, equal_nan=True)
 
 
 # --------------------------------------------------------------------------------------------

@@ -508,15 +508,36 @@ def _avx512_notes(model) -> str:
                      for n in f.attrs[SCHEDULE_ATTR])
 
 
-@pytest.mark.parametrize("size, lanes, rows", [(56, 56, 2), (28, 28, 4), (14, 14, 7)])
+@pytest.mark.parametrize("size, lanes, rows", [
+    (56, "56 lanes (7×8)", "2 window rows, v-outer, window unrolled"),
+    (28, "28 lanes", "4 window rows, v-outer, window unrolled"),
+    (14, "14 lanes", "7 window rows, v-outer, window unrolled")])
 def test_depthwise_rows_in_registers_with_whole_vector_loads(size, lanes, rows):
     """A depthwise conv has no operand to reuse across registers: a tile of several output
-    rows gives independent multiply-add chains, and a row of 56 (28) lanes is loaded as whole
-    16/8/4-lane vectors; 14 lanes were loaded as 8 + 4 + 2 and shuffled for every tap."""
+    rows gives independent multiply-add chains, and a row of 56 lanes is computed as 7 half
+    registers, unrolled: as one <56 x float> LLVM moved its accumulators through the stack
+    lane by lane (a 7×7 depthwise conv at 21 % of Zen 4's peak). 14 lanes were loaded as
+    8 + 4 + 2 and shuffled for every tap. The window's taps are unrolled (in order) when the
+    accumulators leave half the registers: rows share their input vectors."""
     model = _conv_model(8, 8, size, 3, group=8)
     _check(model, conv_layout="NCHW")  # numerics on the test target
-    assert f"tile depthwise: v_xx×{lanes} lanes, v_yy×{rows} window rows" in _avx512_notes(
-        model)
+    assert f"tile depthwise: v_xx×{lanes}, v_yy×{rows}" in _avx512_notes(model)
+
+
+@pytest.mark.parametrize("cpu, note", [
+    ("znver4", "v_xx×56 lanes (7×8), v_yy×2 window rows, v-outer, window unrolled"),
+    ("znver3", "v_xx×8 lanes, v_yy×8 window rows, v-outer;")])
+def test_depthwise_7x7_tile_per_isa(cpu, note):
+    """ConvNeXt's 7×7 depthwise conv on 56×56: AVX-512 computes each row as 7 × 8 lanes, 2
+    rows (14 of 32 registers) with the 49 taps unrolled; AVX2 keeps one 8-lane vector and 8
+    rows (8 of 16 registers), not unrolled (unrolled it spilled: 0.57 → 0.69 ms on Zen 4)."""
+    model = _conv_model(8, 8, 56, 7, group=8)
+    _check(model, conv_layout="NCHW")  # numerics on the test target
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 1})
+    notes = "\n".join(n for f in fuse(import_onnx(model), target, conv_layout="NCHW")
+                      .functions.values() if f.attrs is not None and SCHEDULE_ATTR in f.attrs
+                      for n in f.attrs[SCHEDULE_ATTR])
+    assert note in notes, notes
 
 
 def test_maxpool_rows_in_registers():

@@ -154,6 +154,7 @@ def plan_tile(facts: BlockFacts, shapes: dict, params: CpuParams) -> TilePlan | 
     if u is None and kind in ("depthwise", "pool") and len(v_fused) == 1:
         wvt = window_vector_tile(v_extent, params.lanes) or vt
         piece = window_piece(wvt, params.lanes)
+        piece = piece if piece < wvt else 0
         registers = wvt // piece if piece else -(-wvt // params.lanes)
         row, rows = _window_rows(facts, live, movers, registers, params, whole=bool(piece))
         if piece and row is None:  # pieces that leave one row: one vector, several rows
@@ -167,7 +168,7 @@ def plan_tile(facts: BlockFacts, shapes: dict, params: CpuParams) -> TilePlan | 
             unroll = (2 * accumulators < params.vector_registers
                       and taps * accumulators <= WINDOW_UNROLL_FMAS)
             return TilePlan(kind, v.name, wvt, v_fused, row.name, rows, False, u_window=True,
-                            piece=piece if piece and piece < wvt else 0,
+                            piece=piece,
                             unroll_window=unroll)
     u_stationary = _u_stationary(facts, v_fused, v_extent, u, vt, rt, movers, others, shapes)
     return TilePlan(kind, v.name, vt, v_fused, u.name if u is not None else None, rt,

@@ -546,3 +546,40 @@ def test_maxpool_rows_in_registers():
                    [_vi("x", [1, 4, 32, 32])], [_vi("y", [1, 4, 16, 16])])
     _check(model)
     assert "tile pool: v_ax3×16 lanes, v_ax2×8 window rows" in _avx512_notes(model)
+
+
+@pytest.mark.parametrize("op, size, kernel, stride", [
+    ("depthwise", 56, 7, 1),  # AVX-512: 7 × 8 lanes, 2 rows, 49 taps unrolled
+    ("depthwise", 64, 3, 1),  # 4 whole registers a row on AVX-512
+    ("depthwise", 30, 5, 2),  # 15 columns: one vector of lanes no register divides
+    ("depthwise", 7, 7, 1),  # ConvNeXt's last stage: 7 lanes, 7 rows unrolled
+    ("MaxPool", 112, 3, 2),  # ResNet's stem pool: 56 columns, split like the conv
+])
+def test_window_rows_on_the_host_cpu(op, size, kernel, stride):
+    """The window-row tiles (register pieces, unrolled taps) as the host CPU's ISA plans them
+    (AVX-512 here, AVX2 or NEON elsewhere), against the unscheduled build and ONNX Runtime."""
+    from tvm_fusion.target import host_target
+
+    pad = kernel // 2
+    out = (size + 2 * pad - kernel) // stride + 1
+    if op == "depthwise":
+        nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[kernel] * 2,
+                                  pads=[pad] * 4, strides=[stride] * 2, group=4)]
+        inits = [_w("w", [4, 1, kernel, kernel]), _w("b", [4], 1)]
+    else:
+        nodes = [helper.make_node(op, ["x"], ["y"], kernel_shape=[kernel] * 2,
+                                  pads=[pad] * 4, strides=[stride] * 2)]
+        inits = []
+    model = _model(nodes, [_vi("x", [1, 4, size, size])], [_vi("y", [1, 4, out, out])], inits)
+    target = host_target()
+    mod = import_onnx(model)
+    feeds = random_inputs(model)
+    inputs = [feeds[name] for name in graph_input_names(model)]
+    ours = run(compile_model(mod, target, schedule=True, conv_layout="NCHW"), inputs)
+    plain = run(compile_model(mod, target, schedule=False, conv_layout="NCHW"), inputs)
+    compare(ours, plain, rtol=RTOL, atol=ATOL)
+    compare(ours, onnx_reference(model, feeds), rtol=RTOL, atol=1e-4)
+    notes = "\n".join(n for f in fuse(mod, target, conv_layout="NCHW").functions.values()
+                      if f.attrs is not None and SCHEDULE_ATTR in f.attrs
+                      for n in f.attrs[SCHEDULE_ATTR])
+    assert "window rows" in notes, notes

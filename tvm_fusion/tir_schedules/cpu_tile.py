@@ -168,8 +168,7 @@ def plan_tile(facts: BlockFacts, shapes: dict, params: CpuParams) -> TilePlan | 
             unroll = (2 * accumulators < params.vector_registers
                       and taps * accumulators <= WINDOW_UNROLL_FMAS)
             return TilePlan(kind, v.name, wvt, v_fused, row.name, rows, False, u_window=True,
-                            piece=piece,
-                            unroll_window=unroll)
+                            piece=piece, unroll_window=unroll)
     u_stationary = _u_stationary(facts, v_fused, v_extent, u, vt, rt, movers, others, shapes)
     return TilePlan(kind, v.name, vt, v_fused, u.name if u is not None else None, rt,
                     u_stationary)

@@ -508,15 +508,36 @@ def _avx512_notes(model) -> str:
                      for n in f.attrs[SCHEDULE_ATTR])
 
 
-@pytest.mark.parametrize("size, lanes, rows", [(56, 56, 2), (28, 28, 4), (14, 14, 7)])
+@pytest.mark.parametrize("size, lanes, rows", [
+    (56, "56 lanes (7×8)", "2 window rows, v-outer, window unrolled"),
+    (28, "28 lanes", "4 window rows, v-outer, window unrolled"),
+    (14, "14 lanes", "7 window rows, v-outer, window unrolled")])
 def test_depthwise_rows_in_registers_with_whole_vector_loads(size, lanes, rows):
     """A depthwise conv has no operand to reuse across registers: a tile of several output
-    rows gives independent multiply-add chains, and a row of 56 (28) lanes is loaded as whole
-    16/8/4-lane vectors; 14 lanes were loaded as 8 + 4 + 2 and shuffled for every tap."""
+    rows gives independent multiply-add chains, and a row of 56 lanes is computed as 7 half
+    registers, unrolled: as one <56 x float> LLVM moved its accumulators through the stack
+    lane by lane (a 7×7 depthwise conv at 21 % of Zen 4's peak). 14 lanes were loaded as
+    8 + 4 + 2 and shuffled for every tap. The window's taps are unrolled (in order) when the
+    accumulators leave half the registers: rows share their input vectors."""
     model = _conv_model(8, 8, size, 3, group=8)
     _check(model, conv_layout="NCHW")  # numerics on the test target
-    assert f"tile depthwise: v_xx×{lanes} lanes, v_yy×{rows} window rows" in _avx512_notes(
-        model)
+    assert f"tile depthwise: v_xx×{lanes}, v_yy×{rows}" in _avx512_notes(model)
+
+
+@pytest.mark.parametrize("cpu, note", [
+    ("znver4", "v_xx×56 lanes (7×8), v_yy×2 window rows, v-outer, window unrolled"),
+    ("znver3", "v_xx×8 lanes, v_yy×8 window rows, v-outer;")])
+def test_depthwise_7x7_tile_per_isa(cpu, note):
+    """ConvNeXt's 7×7 depthwise conv on 56×56: AVX-512 computes each row as 7 × 8 lanes, 2
+    rows (14 of 32 registers) with the 49 taps unrolled; AVX2 keeps one 8-lane vector and 8
+    rows (8 of 16 registers), not unrolled (unrolled it spilled: 0.57 → 0.69 ms on Zen 4)."""
+    model = _conv_model(8, 8, 56, 7, group=8)
+    _check(model, conv_layout="NCHW")  # numerics on the test target
+    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 1})
+    notes = "\n".join(n for f in fuse(import_onnx(model), target, conv_layout="NCHW")
+                      .functions.values() if f.attrs is not None and SCHEDULE_ATTR in f.attrs
+                      for n in f.attrs[SCHEDULE_ATTR])
+    assert note in notes, notes
 
 
 def test_maxpool_rows_in_registers():
@@ -525,3 +546,40 @@ def test_maxpool_rows_in_registers():
                    [_vi("x", [1, 4, 32, 32])], [_vi("y", [1, 4, 16, 16])])
     _check(model)
     assert "tile pool: v_ax3×16 lanes, v_ax2×8 window rows" in _avx512_notes(model)
+
+
+@pytest.mark.parametrize("op, size, kernel, stride", [
+    ("depthwise", 56, 7, 1),  # AVX-512: 7 × 8 lanes, 2 rows, 49 taps unrolled
+    ("depthwise", 64, 3, 1),  # 4 whole registers a row on AVX-512
+    ("depthwise", 30, 5, 2),  # 15 columns: one vector of lanes no register divides
+    ("depthwise", 7, 7, 1),  # ConvNeXt's last stage: 7 lanes, 7 rows unrolled
+    ("MaxPool", 112, 3, 2),  # ResNet's stem pool: 56 columns, split like the conv
+])
+def test_window_rows_on_the_host_cpu(op, size, kernel, stride):
+    """The window-row tiles (register pieces, unrolled taps) as the host CPU's ISA plans them
+    (AVX-512 here, AVX2 or NEON elsewhere), against the unscheduled build and ONNX Runtime."""
+    from tvm_fusion.target import host_target
+
+    pad = kernel // 2
+    out = (size + 2 * pad - kernel) // stride + 1
+    if op == "depthwise":
+        nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[kernel] * 2,
+                                  pads=[pad] * 4, strides=[stride] * 2, group=4)]
+        inits = [_w("w", [4, 1, kernel, kernel]), _w("b", [4], 1)]
+    else:
+        nodes = [helper.make_node(op, ["x"], ["y"], kernel_shape=[kernel] * 2,
+                                  pads=[pad] * 4, strides=[stride] * 2)]
+        inits = []
+    model = _model(nodes, [_vi("x", [1, 4, size, size])], [_vi("y", [1, 4, out, out])], inits)
+    target = host_target()
+    mod = import_onnx(model)
+    feeds = random_inputs(model)
+    inputs = [feeds[name] for name in graph_input_names(model)]
+    ours = run(compile_model(mod, target, schedule=True, conv_layout="NCHW"), inputs)
+    plain = run(compile_model(mod, target, schedule=False, conv_layout="NCHW"), inputs)
+    compare(ours, plain, rtol=RTOL, atol=ATOL)
+    compare(ours, onnx_reference(model, feeds), rtol=RTOL, atol=1e-4)
+    notes = "\n".join(n for f in fuse(mod, target, conv_layout="NCHW").functions.values()
+                      if f.attrs is not None and SCHEDULE_ATTR in f.attrs
+                      for n in f.attrs[SCHEDULE_ATTR])
+    assert "window rows" in notes, notes

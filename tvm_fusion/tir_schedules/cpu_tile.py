@@ -53,8 +53,13 @@ from .loops import (
 # Copying an operand into a vector-friendly layout pays when each element is reused this often.
 _MIN_REUSE = 8
 # Accumulator vectors of a depthwise/pool row tile: enough independent chains to cover the
-# multiply-add latency (4 cycles x 2 ports), leaving registers for the loaded rows.
+# multiply-add latency (4 cycles x 2 ports), leaving registers for the loaded rows. Half of a
+# 16-register file (AVX2, SSE); :func:`window_registers` gives every target's.
 WINDOW_REGISTERS = 8
+# A depthwise/pool tile's window loops are unrolled whole when the tile does at most this many
+# vector multiply-adds per channel row: the input vectors that overlapping window rows share
+# are then loaded once (LLVM merges the loads), in the same order of taps.
+WINDOW_UNROLL_FMAS = 1024
 # A vector operand larger than this (a transformer FFN weight) is streamed past a cached tile
 # of the other operand rather than cached itself. Measured in whole models on a 1 MiB-L2,
 # 32 MiB-L3 Zen core: BERT's 9.4 MB FFN weights stream faster (768x3072 GEMM 1.52 vs 2.01 ms),
@@ -79,13 +84,18 @@ class TilePlan:
     rt: int
     u_stationary: bool  # outer order: u tiles outermost (its operand tile stays in cache)
     u_window: bool = False  # u is an output row of a sliding window (depthwise conv, pool)
+    piece: int = 0  # lanes of each register of a window row (vt split and unrolled); 0: one
+    unroll_window: bool = False  # the window's loops unrolled under the tile (shared loads)
 
     def describe(self) -> str:
         reg = f", {self.u}×{self.rt} {'window rows' if self.u_window else 'registers'}" \
             if self.u else ""
         order = "u-outer" if self.u_stationary else "v-outer"
         axis = "·".join(self.v_fused) if len(self.v_fused) > 1 else self.v
-        return f"{self.kind}: {axis}×{self.vt} lanes{reg}, {order}"
+        lanes = f"{self.vt} lanes" if not self.piece or self.piece == self.vt else \
+            f"{self.vt} lanes ({self.vt // self.piece}×{self.piece})"
+        window = ", window unrolled" if self.unroll_window else ""
+        return f"{self.kind}: {axis}×{lanes}{reg}, {order}{window}"
 
 
 def plan_tile(facts: BlockFacts, shapes: dict, params: CpuParams) -> TilePlan | None:
@@ -143,9 +153,22 @@ def plan_tile(facts: BlockFacts, shapes: dict, params: CpuParams) -> TilePlan | 
     kind = _kind(facts, movers, u)
     if u is None and kind in ("depthwise", "pool") and len(v_fused) == 1:
         wvt = window_vector_tile(v_extent, params.lanes) or vt
-        row, rows = _window_rows(facts, live, movers, -(-wvt // params.lanes), params)
+        piece = window_piece(wvt, params.lanes)
+        piece = piece if piece < wvt else 0
+        registers = wvt // piece if piece else -(-wvt // params.lanes)
+        row, rows = _window_rows(facts, live, movers, registers, params, whole=bool(piece))
+        if piece and row is None:  # pieces that leave one row: one vector, several rows
+            piece, registers = 0, -(-wvt // params.lanes)
+            row, rows = _window_rows(facts, live, movers, registers, params)
         if row is not None:
-            return TilePlan(kind, v.name, wvt, v_fused, row.name, rows, False, u_window=True)
+            taps = 1
+            for k in facts.reduce:
+                taps *= facts.extents[k.name]
+            accumulators = rows * registers
+            unroll = (2 * accumulators < params.vector_registers
+                      and taps * accumulators <= WINDOW_UNROLL_FMAS)
+            return TilePlan(kind, v.name, wvt, v_fused, row.name, rows, False, u_window=True,
+                            piece=piece, unroll_window=unroll)
     u_stationary = _u_stationary(facts, v_fused, v_extent, u, vt, rt, movers, others, shapes)
     return TilePlan(kind, v.name, vt, v_fused, u.name if u is not None else None, rt,
                     u_stationary)
@@ -164,7 +187,30 @@ def window_vector_tile(extent: int, lanes: int, max_vectors: int = 4) -> int | N
     return None
 
 
-def _window_rows(facts: BlockFacts, live, movers, vectors: int, params: CpuParams):
+def window_piece(vt: int, lanes: int) -> int:
+    """Lanes of each register a window row of ``vt`` lanes is computed in: a whole or half
+    register that divides it (0: neither does, as 28 on AVX-512 or 7). The row is split
+    into such pieces, unrolled. Left as one vector of ``vt`` lanes, LLVM legalises a length
+    that is no power of two (56 = 3×16 + 8 on AVX-512) by moving each accumulator through
+    the stack lane by lane between loop iterations (210 ``vinsertps`` in the kernel): a
+    96-channel 56×56 7×7 depthwise conv ran at 21 % of the FMA peak on Zen 4 with
+    <56 x float>, at 48 % with 7 × 8 lanes. Quarter registers measured slower than one
+    vector (AVX2's 28 lanes as 7 × 4 leave room for one row only)."""
+    for step in (lanes, lanes // 2):
+        if step > 1 and vt % step == 0:
+            return step
+    return 0
+
+
+def window_registers(params: CpuParams) -> int:
+    """Accumulator registers of a depthwise/pool row tile: half the register file (8 of
+    AVX2's 16, 16 of AVX-512's 32), the rest for the input vectors the unrolled window
+    shares between rows."""
+    return max(WINDOW_REGISTERS, params.vector_registers // 2)
+
+
+def _window_rows(facts: BlockFacts, live, movers, vectors: int, params: CpuParams,
+                 whole: bool = False):
     """A depthwise conv or a pool has no operand to reuse across registers, so a tile of one
     row is a single chain of dependent multiply-adds (k·k per vector, each waiting for the
     last). Tiling ``rows`` output rows gives that many independent chains; the window's rows
@@ -178,7 +224,8 @@ def _window_rows(facts: BlockFacts, live, movers, vectors: int, params: CpuParam
     if not all(any(index_uses([ix], row) and any(index_uses([ix], k) for k in window)
                    for ix in r.indices) for r in movers):
         return None, 1
-    rows = largest_divisor(facts.extents[row.name], max(1, WINDOW_REGISTERS // vectors))
+    budget = window_registers(params) if whole else WINDOW_REGISTERS
+    rows = largest_divisor(facts.extents[row.name], max(1, budget // vectors))
     return (row, rows) if rows > 1 else (None, 1)
 
 
@@ -314,6 +361,12 @@ def schedule_tile(sch: s_tir.Schedule, block_rv, plan: TilePlan, params: CpuPara
             notes.append(f"epilogue {sch.get(consumer).name_hint} per tile")
         except s_tir.ScheduleError:
             pass
+    if plan.piece:  # the row in whole registers (window_piece), unrolled
+        v_p, v_i = sch.split(v_i, factors=[None, plan.piece])
+        sch.unroll(v_p)
+    if plan.unroll_window:  # in tap order: overlapping rows' input vectors loaded once
+        for loop in reduce:
+            sch.unroll(loop)
     sch.vectorize(v_i)
     if u_i is not None:
         sch.unroll(u_i)

@@ -14,9 +14,10 @@ whose accumulators are int32 lanes of the same width):
   4 s8 weights. No intermediate saturation: exact.
 * ``pmaddwd`` (AVX2, SSE2): ``vpmaddwd``, s16 × s16 in pairs of k summed into int32 (exact),
   then ``vpaddd`` (its product takes a register: AVX2's 4×24 float32 tile becomes 3×24, 4×24
-  moved 4 vectors to or from the stack per 2 k steps); B panels ``[N/NR, K/2, NR·2]`` s16 (an activation minus its zero point,
-  -255..255), A a broadcast of 2 s16 weights. ``vpmaddubsw`` (u8 × s8 into *saturated* int16
-  pairs, TVM's ``dot_16x4_avx512``) is not exact: 255·127·2 > 32767.
+  moved 4 vectors to or from the stack per 2 k steps); B panels ``[N/NR, K/2, NR·2]`` s16 (an
+  activation minus its zero point, -255..255), A a broadcast of 2 s16 weights.
+  ``vpmaddubsw`` (u8 × s8 into *saturated* int16 pairs, TVM's ``dot_16x4_avx512``) is not
+  exact: 255·127·2 > 32767.
 * ``sdot`` (AArch64 ``+dotprod``): ``sdot``, s8 × s8 in groups of 4 k into int32 lanes.
 
 An int8 activation ``q`` with zero point ``z`` reaches the u8/s8 forms as ``q + 128`` / ``q``:
@@ -39,7 +40,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tvm  # noqa: E402
-from tvm import tirx  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
 
 from tvm_fusion.target import to_target  # noqa: E402

@@ -11,10 +11,12 @@ QDQ graphs are full of (a sum of two multiples of a scale, halved), and a twelft
 QDQ conv net's int8 outputs came out one off stock TVM's and ONNX Runtime's.
 
 :func:`fence_producers` wraps the stored value of every spatial producer of such a function in
-``llvm.arithmetic.fence``: inlining then substitutes the fenced value, LLVM still vectorises
-it, and no contraction crosses it, so the fused kernel rounds exactly where stock TVM's unfused
-stages do. Reductions are left alone (the multiply-add inside a matmul or conv accumulates the
-same way in both), and so is every function with no float-to-int conversion.
+``llvm.arithmetic.fence``: inlining then substitutes the fenced value, a loop vectorised in TIR
+still vectorises it (LLVM's loop vectoriser does not take the intrinsic, so
+:func:`.loops.vectorize_inner` vectorises such loops in TIR), and no contraction crosses it,
+so the fused kernel rounds exactly where stock TVM's unfused stages do. Reductions are left
+alone (the multiply-add inside a matmul or conv accumulates the same way in both), and so is
+every function with no float-to-int conversion.
 """
 
 from __future__ import annotations

@@ -39,6 +39,8 @@ from tvm import s_tir, sym, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir import SBlock
 
+from .deinterleave import deinterleave_phase_paddings
+
 from ..tir_utils import buffer_loads, buffer_stores, const_int, find_all, iter_sblocks
 from .analysis import param_names, root_block, stride_in_last_dim, written_only_before
 from .cpu_target import CpuParams
@@ -326,6 +328,8 @@ def emit_packed_gemms(func: tirx.PrimFunc, sites: list[GemmSite], params: CpuPar
         if hit:
             out.append(replace[hit[0]])
         elif not names & drop:
+            stmt, copied = deinterleave_phase_paddings(stmt)
+            notes.extend(copied)
             out.append(stmt)
     body = out[0] if len(out) == 1 else tirx.SeqStmt(out)
     used = {ld.source.__chandle__() for ld in buffer_loads(body)}

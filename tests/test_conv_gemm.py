@@ -10,7 +10,7 @@ from conftest import TARGET
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.compile import compile_model, count_kernels, fuse, import_onnx, run
-from tvm_fusion.layout.gemm_pack import fold_conv3d, plan_conv_gemm
+from tvm_fusion.layout.gemm_pack import fold_conv3d, pack_rows, plan_conv_gemm
 from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.testing.notes import schedule_notes
 from tvm_fusion.tir_schedules.cpu_target import cpu_params
@@ -318,6 +318,29 @@ def test_gathered_packing_reads_through_column_and_k_offsets():
                 tvm.IRModule({"f": f}))][0]
     script = func.script()
     assert "col_offsets" in script and "k_offsets" in script, script
+    _check(model, AVX2)
+
+
+def test_weight_is_packed_in_slivers_of_the_micro_kernel_rows():
+    """The conv's weight (A) is packed at compile time as ``[⌈N/MR⌉, K, MR]``, the tile's
+    MR rows side by side for each k (zero rows past N), and read in place by the micro-kernel
+    (no row-major copy): its MR broadcasts per k are one stream, not MR rows K floats apart."""
+    w = np.arange(15, dtype="float32").reshape(5, 3)
+    packed = pack_rows(w, 2)
+    assert packed.shape == (3, 3, 2)
+    assert packed[1, 2, 1] == w[3, 2] and packed[2, 0, 0] == w[4, 0] and packed[2, 0, 1] == 0
+    model = conv_model(*CASES["3x3-stride2-odd"])  # 33 output channels: a partial sliver
+    mod = fuse(import_onnx(model), AVX2)
+    func = next(f for f in mod.functions.values()
+                if isinstance(f, tvm.tirx.PrimFunc) and "packed GEMM" in schedule_notes(
+                    tvm.IRModule({"f": f})))
+    notes = schedule_notes(tvm.IRModule({"f": func}))
+    assert "A copied row-major" not in notes, notes
+    params = cpu_params(AVX2)
+    plan = plan_conv_gemm([1, 17, 13, 13], (3, 3), (2, 2), (1,) * 4, (1, 1), params, 33)
+    mr, _ = params.gemm_tile(plan.nr)
+    sliver = f"T.Buffer((T.int64({-(-33 // mr)}), T.int64({17 * 9}), T.int64({mr}))"
+    assert sliver in func.script(), func.script()
     _check(model, AVX2)
 
 

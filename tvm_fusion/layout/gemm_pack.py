@@ -111,10 +111,10 @@ def _zero_padded(x: te.Tensor, top: int, left: int, height: int, width: int):
     return padded
 
 
-def panel_width(n: int, params: CpuParams) -> int:
-    """NR of the panels for N columns: the ISA's tile, or fewer whole vectors when N is
-    smaller (a 1- or 17-column B is not padded to 24)."""
-    _, nr = params.gemm_tile()
+def panel_width(n: int, params: CpuParams, widest: int | None = None) -> int:
+    """NR of the panels for N columns: the ISA's tile (or ``widest``), or fewer whole vectors
+    when N is smaller (a 1- or 17-column B is not padded to 24)."""
+    nr = widest or params.gemm_tile()[1]
     lanes = params.lanes
     return min(nr, -(-n // lanes) * lanes)
 
@@ -175,6 +175,9 @@ class ConvGemm:
     # the columns are the flat output positions, no padding per row: packing gathers each
     # column's window through a table of column offsets (any stride, dilation, map width)
     gathered: bool = False
+    # the weight (A) packed at compile time in slivers of this many rows, ``Ap[⌈N/MR⌉, K, MR]``
+    # (0: ``W[N, K]`` as it is); out_channels then says N
+    a_mr: int = 0
 
     @property
     def row(self) -> int:
@@ -227,11 +230,11 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
     # columns of 8 or 72 of 24; the 3×3 512→512 0.53x ONNX Runtime as columns, 0.88x as
     # rows), not 14×14 or 16×16 (1.1-1.2x: as columns 0.81 -> 0.86x, 0.89 -> 1.12x, the
     # U-Net's 3×3 1024→1024 0.79 -> 0.85x against rows)
-    _, widest = params.gemm_tile()
+    widest = params.conv_panel()
     ideal = _work(params, widest, widest) / widest * positions  # no padded panel
     if positions < out_channels and \
             _work(params, plan.nr, plan.columns(batch)) >= _COSTLIER_COLUMNS * ideal:
-        nr = panel_width(out_channels, params)
+        nr = panel_width(out_channels, params, widest)
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, False, True,
                         out_channels)
     return plan
@@ -268,9 +271,9 @@ def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[i
     kh, kw = kernel
     flat = (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding)
     if flat:
-        nr = panel_width(shape[0] * out_h * out_w, params)
+        nr = panel_width(shape[0] * out_h * out_w, params, params.conv_panel())
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat)
-    _, widest = params.gemm_tile()
+    widest = params.conv_panel()
 
     def cost(nr: int, columns: int) -> float:
         """Work of ``columns`` (per image) in panels of ``nr``, per FMA of the tile."""
@@ -501,6 +504,14 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
     nr, row, out_h, out_w = plan.nr, plan.row, plan.out_h, plan.out_w
     columns = plan.columns(images)
     k_total = channels * kh * kw
+    a_mr = plan.a_mr
+    if a_mr:
+        out_channels = plan.out_channels
+
+    def weight(co, k):
+        if not a_mr:
+            return w[co, k]
+        return w[tirx.floordiv(co, _i64(a_mr)), k, tirx.floormod(co, _i64(a_mr))]
 
     def stage(shape, value, name):
         """``value(img, *index)`` over ``shape``, with a leading batch axis (``img`` its
@@ -605,7 +616,7 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
     k = te.reduce_axis((0, _i64(k_total)), name="k")
     gemm = stage(
         (_i64(out_channels), _i64(columns)),
-        lambda img, co, j: te.sum(w[co, k] * panels[(*lead(img), tirx.floordiv(j, _i64(nr)), k,
+        lambda img, co, j: te.sum(weight(co, k) * panels[(*lead(img), tirx.floordiv(j, _i64(nr)), k,
                                                      tirx.floormod(j, _i64(nr)))], axis=k),
         PACKED_GEMM)
     if per_image:
@@ -729,6 +740,16 @@ def conv2d_transpose_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
 
     return te.compute((cols.shape[0], _i64(out_channels), _i64(conv.out_h), _i64(conv.out_w)),
                       value, name="conv2d_transpose_col2im")
+
+
+def pack_rows(w: np.ndarray, mr: int) -> np.ndarray:
+    """``w[N, K]`` as ``[⌈N/MR⌉, K, MR]`` slivers of MR rows (zero rows past N): the
+    micro-kernel's MR broadcasts per k then read consecutive floats, one stream, where the
+    rows of ``w`` are MR streams K floats apart."""
+    n, k = w.shape
+    out = np.zeros((-(-n // mr) * mr, k), w.dtype)
+    out[:n] = w
+    return np.ascontiguousarray(out.reshape(-1, mr, k).transpose(0, 2, 1))
 
 
 def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
@@ -862,10 +883,21 @@ class _Packer(relax.PyExprMutator):
         outputs = []
         for g in range(groups):
             w2 = np.ascontiguousarray(w_np[g * n:(g + 1) * n].reshape(n, channels * kh * kw))
-            w2 = relax.const(pack_weight(w2, plan.nr, True) if plan.positions_as_rows else w2)
+            used = plan
+            if plan.positions_as_rows:
+                w2 = pack_weight(w2, plan.nr, True)
+            else:
+                # rows whose lines share L1 sets (a row length a multiple of the way size)
+                # would evict one another: the micro-kernel's rows packed, one stream
+                mr, _ = self.params.gemm_tile(plan.nr)
+                if self.params.l1_rows_per_set(mr, 4 * w2.shape[1]) > self.params.l1d_ways // 2:
+                    w2 = pack_rows(w2, mr)
+                    used = replace(plan, a_mr=mr, out_channels=n)
+            w2 = relax.const(w2)
             part = (None if groups == 1 else (g * channels, channels))
             conv = self.builder_.call_te(
-                lambda data, weights, part=part: conv2d_gemm(data, weights, plan, part, depth),
+                lambda data, weights, part=part, used=used: conv2d_gemm(data, weights, used,
+                                                                        part, depth),
                 x, w2, primfunc_name_hint="conv3d_gemm" if three_d else "conv2d_gemm")
             if groups == 1:
                 return conv

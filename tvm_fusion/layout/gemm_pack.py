@@ -247,6 +247,13 @@ _COSTLIER_COLUMNS = 1.3
 # offset moved to a scalar register, a load inserted into the vector, its share of the store;
 # against the micro-kernel's out_channels / lanes FMAs per packed value
 GATHER_COST = 3
+# ... per ISA where it differs. AVX-512 gathers in hardware, one masked ``vgatherdps`` per
+# vector of 16 column offsets (a vector load of them, no scalar moves or inserts), about one
+# FMA's time per value on Zen 4: there the gathered plan measured faster than whole panels
+# per row on every shape it now takes (one core, CPU clock: the dilated 3x3 256 at 28x28
+# 0.79 -> 0.89x ONNX Runtime, ResNet-50's 3x3/2 128->128 3.31 -> 3.02 ms, ConvNeXt's 2x2/2
+# 96->192 1.77 -> 1.63 ms; ResNet-50's 3x3 256 at 14x14, which it does not take, level)
+GATHER_COSTS = {"avx512": 1}
 # The gathered plan only where its modelled work is at most this share of the others': the
 # dilated 3x3 256 at 28x28 (0.92: 0.77 -> 0.83x ONNX Runtime), not ConvNeXt's 2x2/2 96->192
 # at 56x56 (0.94: 1.08 -> 1.02x, within the noise of one run)
@@ -302,7 +309,8 @@ def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[i
     # against 0.82x)
     positions = batch * out_h * out_w
     padded = -(-positions // nr) * nr
-    gathered = cost(nr, positions) + GATHER_COST * params.lanes / max(out_channels, 1) * padded
+    per_value = GATHER_COSTS.get(params.isa, GATHER_COST)
+    gathered = cost(nr, positions) + per_value * params.lanes / max(out_channels, 1) * padded
     if gathered < _GATHER_GAIN * best_cost:
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat,
                         gathered=True)

@@ -111,10 +111,10 @@ def _zero_padded(x: te.Tensor, top: int, left: int, height: int, width: int):
     return padded
 
 
-def panel_width(n: int, params: CpuParams, widest: int | None = None) -> int:
-    """NR of the panels for N columns: the ISA's tile (or ``widest``), or fewer whole vectors
-    when N is smaller (a 1- or 17-column B is not padded to 24)."""
-    nr = widest or params.gemm_tile()[1]
+def panel_width(n: int, params: CpuParams) -> int:
+    """NR of the panels for N columns: the ISA's tile, or fewer whole vectors when N is
+    smaller (a 1- or 17-column B is not padded to 24)."""
+    _, nr = params.gemm_tile()
     lanes = params.lanes
     return min(nr, -(-n // lanes) * lanes)
 
@@ -230,11 +230,14 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
     # columns of 8 or 72 of 24; the 3×3 512→512 0.53x ONNX Runtime as columns, 0.88x as
     # rows), not 14×14 or 16×16 (1.1-1.2x: as columns 0.81 -> 0.86x, 0.89 -> 1.12x, the
     # U-Net's 3×3 1024→1024 0.79 -> 0.85x against rows)
-    widest = params.conv_panel()
-    ideal = _work(params, widest, widest) / widest * positions  # no padded panel
-    if positions < out_channels and \
-            _work(params, plan.nr, plan.columns(batch)) >= _COSTLIER_COLUMNS * ideal:
-        nr = panel_width(out_channels, params, widest)
+    _, widest = params.gemm_tile()
+    ideal = _work(params, widest, widest, out_channels) / widest * positions  # no padding
+    if positions < out_channels and _work(params, plan.nr, plan.columns(batch),
+                                          out_channels) >= _COSTLIER_COLUMNS * ideal:
+        nr = panel_width(out_channels, params)
+        if params.loads_per_fma:  # the width whose tile does these rows best
+            widths = range(params.lanes, widest + 1, params.lanes)
+            nr = min(widths, key=lambda w: (_work(params, w, out_channels, positions), -w))
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, False, True,
                         out_channels)
     return plan
@@ -247,26 +250,32 @@ _COSTLIER_COLUMNS = 1.3
 # offset moved to a scalar register, a load inserted into the vector, its share of the store;
 # against the micro-kernel's out_channels / lanes FMAs per packed value
 GATHER_COST = 3
-# ... per ISA where it differs. AVX-512 gathers in hardware, one masked ``vgatherdps`` per
-# vector of 16 column offsets (a vector load of them, no scalar moves or inserts), about one
-# FMA's time per value on Zen 4: there the gathered plan measured faster than whole panels
-# per row on every shape it now takes (one core, CPU clock: the dilated 3x3 256 at 28x28
-# 0.79 -> 0.89x ONNX Runtime, ResNet-50's 3x3/2 128->128 3.31 -> 3.02 ms, ConvNeXt's 2x2/2
-# 96->192 1.77 -> 1.63 ms; ResNet-50's 3x3 256 at 14x14, which it does not take, level)
-GATHER_COSTS = {"avx512": 1}
 # The gathered plan only where its modelled work is at most this share of the others': the
 # dilated 3x3 256 at 28x28 (0.92: 0.77 -> 0.83x ONNX Runtime), not ConvNeXt's 2x2/2 96->192
 # at 56x56 (0.94: 1.08 -> 1.02x, within the noise of one run)
 _GATHER_GAIN = 0.93
 
 
-def _work(params: CpuParams, nr: int, columns: int) -> float:
+def _work(params: CpuParams, nr: int, columns: int, rows: int = 0) -> float:
     """Work of ``columns`` in panels of ``nr``, per FMA of the tile: the micro-kernel's loads
-    (MR broadcasts, NR/lanes vectors of B) beside its FMAs, the last panel's padding."""
+    (MR broadcasts, NR/lanes vectors of B) beside its FMAs, the last panel's padding.
+
+    Where the target's core loads values beside its FMAs for free
+    (``CpuParams.loads_per_fma``, Zen 4's AVX-512), a k step costs the larger of its FMAs
+    and its loads over that rate, and the GEMM's ``rows`` (output channels, or positions)
+    count: full tiles of MR rows and the tail's tiles of 2^i rows, each at its own rate, per
+    row computed. Elsewhere loads cost as FMAs and the rows are not counted (the model the
+    AVX2 plans were measured with)."""
     mr, _ = params.gemm_tile(nr)
     vectors = nr // params.lanes
-    fmas = mr * vectors
-    return -(-columns // nr) * nr * (fmas + mr + vectors) / fmas
+    padded = -(-columns // nr) * nr
+    if not params.loads_per_fma or rows <= 0:
+        fmas = mr * vectors
+        return padded * (fmas + mr + vectors) / fmas
+    tiles = [mr] * (rows // mr) + [1 << b for b in range((rows % mr).bit_length())
+                                   if (rows % mr) >> b & 1]
+    cycles = sum(max(t * vectors, (t + vectors) / params.loads_per_fma) for t in tiles)
+    return padded * cycles / (rows * vectors)
 
 
 def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[int, int],
@@ -278,13 +287,17 @@ def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[i
     kh, kw = kernel
     flat = (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding)
     if flat:
-        nr = panel_width(shape[0] * out_h * out_w, params, params.conv_panel())
+        nr = panel_width(shape[0] * out_h * out_w, params)
+        if params.loads_per_fma:
+            columns = shape[0] * out_h * out_w
+            nr = min(range(params.lanes, nr + 1, params.lanes),
+                     key=lambda w: (_work(params, w, columns, out_channels), -w))
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat)
-    widest = params.conv_panel()
+    _, widest = params.gemm_tile()
 
     def cost(nr: int, columns: int) -> float:
         """Work of ``columns`` (per image) in panels of ``nr``, per FMA of the tile."""
-        return _work(params, nr, columns)
+        return _work(params, nr, columns, out_channels)
 
     widths = range(params.lanes, widest + 1, params.lanes)
     nr = min(widths, key=lambda w: (cost(w, out_w) * out_h, -w))
@@ -308,8 +321,14 @@ def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[i
     # 3x3 at 28x28 0.83 against 0.87x ONNX Runtime, the U-Net's 3x3 320 at 32x32 0.76
     # against 0.82x)
     positions = batch * out_h * out_w
+    per_value = GATHER_COST
+    if params.loads_per_fma:
+        # a hardware gather (AVX-512's vgatherdps) issues its lanes as loads at the core's
+        # load rate, 1 / loads_per_fma FMA-times per value; its panel width is the model's
+        # for the positions (784 = 49 panels of 16, where 32 pads it to 800)
+        per_value = 1 / params.loads_per_fma
+        nr = min(widths, key=lambda w: (cost(w, positions), -w))
     padded = -(-positions // nr) * nr
-    per_value = GATHER_COSTS.get(params.isa, GATHER_COST)
     gathered = cost(nr, positions) + per_value * params.lanes / max(out_channels, 1) * padded
     if gathered < _GATHER_GAIN * best_cost:
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat,

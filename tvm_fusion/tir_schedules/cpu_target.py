@@ -63,19 +63,11 @@ DEFAULT_CACHES = (Cache(32 * KIB, 8), Cache(512 * KIB, 8))
 # Zen 3: 4×24 90 % of peak, 6×16 84 %, 3×32 (17 registers: spills) 62 %.
 GEMM_TILES = {"avx512": (12, 32), "avx2": (4, 24), "avx": (4, 24), "sse": (4, 12),
               "neon": (8, 12), "generic": (4, 12)}
-# The widest panel of a conv GEMM (its B: the im2col panels, columns = output positions), where
-# it is narrower than the ISA's GEMM tile. AVX-512: one vector, so the tile is 16×16 (16 rows
-# fit beside one B vector: gemm_tile(16)). Its 16 FMAs per k step against 17 loads (16
-# broadcasts from the weight's MR-row sliver, one B vector) stay FMA-bound wherever a core
-# loads two floats or vectors per 512-bit FMA it issues (Zen 4 issues one a cycle, in two
-# 256-bit halves; a 12×32 step is 24 FMAs against 14 loads), and it pads less: output rows
-# (7, 14, 28, 56, 80, 112 wide) in panels of 16 instead of 32, and power-of-two channel counts
-# (the rows) in whole tiles of 16 where 12 leaves 4 or 8. Measured on Zen 4 (one core, CPU
-# clock, docs/benchmarks.md): YOLOv8n's 3x3/2 16->32 0.79 -> 0.95x ONNX Runtime, the ResNet-50
-# stem 0.86 -> 1.00x, ConvNeXt's 2x2/2 96->192 0.73 -> 0.84x. The plain GEMMs keep 12×32: A is
-# then the activation read in place, and 16 rows 8 KiB apart collide in the L1 (128x2048x5632
-# 1.00 -> 0.60x).
-CONV_PANELS = {"avx512": 16}
+# 512-bit FMAs a core issues per cycle, where it is not two (Intel's AVX-512 server cores):
+# Zen 4 executes a 512-bit FMA as two 256-bit halves on its two FMA pipes, one a cycle.
+# With two loads a cycle, it then loads two values (broadcasts or B vectors) per FMA for free
+# (CpuParams.loads_per_fma).
+FMA512_PER_CYCLE = {"znver4": 1}
 # Registers per B vector that widening an 8-bit weight to float32 needs beside it: none where
 # one instruction loads and sign-extends into the B register (x86 ``vpmovsxbd``/``pmovsxbd``),
 # two where it goes 8 → 16 → 32 bits in steps (NEON ``sxtl``; SSE2's unpacks). Checked in the
@@ -96,6 +88,10 @@ class CpuParams:
     fma_chains: int = 8  # FMA pipes × FMA latency: independent accumulators needed
     l1d_ways: int = DEFAULT_CACHES[0].ways
     l2_ways: int = DEFAULT_CACHES[1].ways
+    # loads the core issues beside each vector FMA at no cost (0: the conv plans' additive
+    # model, loads cost as FMAs, as measured on Zen 3): with it a tile is FMA-bound while its
+    # loads per k step are at most this many per FMA (layout/gemm_pack.py: _work)
+    loads_per_fma: float = 0.0
 
     def vector_bytes(self) -> int:
         return self.lanes * 4
@@ -140,12 +136,6 @@ class CpuParams:
             per_b = 1 + WIDENING_TEMPS.get(self.isa, 0) + int(block_scales)
             mr = max(1, min(mr, (self.vector_registers - 1 - vectors * per_b) // vectors))
         return mr, nr or wide
-
-    def conv_panel(self) -> int:
-        """The widest NR a conv GEMM's im2col panels take (:data:`CONV_PANELS`, else the ISA's
-        GEMM tile's)."""
-        _, wide = GEMM_TILES.get(self.isa, GEMM_TILES["generic"])
-        return min(wide, CONV_PANELS.get(self.isa, wide))
 
     def l1_rows_per_set(self, rows: int, stride: int) -> int:
         """The most of ``rows`` rows, ``stride`` bytes apart, whose lines at one offset fall
@@ -192,8 +182,15 @@ def _simd_params(target: tvm.target.Target, cores: int) -> CpuParams:
     if triple.startswith(("arm", "riscv", "wasm")):
         return CpuParams(4, 12, cores)
     if _has(target, "avx512f"):
+        mcpu = str(attrs["mcpu"]) if "mcpu" in attrs else ""
+        if not mcpu:
+            try:
+                mcpu = str(codegen.llvm_get_system_cpu())
+            except Exception:  # noqa: BLE001 (a TVM without LLVM)
+                mcpu = ""
+        loads = 2.0 / FMA512_PER_CYCLE.get(mcpu, 2)  # two loads a cycle
         return CpuParams(16, 24, cores, native_fp16=_has(target, "avx512fp16"), isa="avx512",
-                         vector_registers=32)
+                         vector_registers=32, loads_per_fma=loads)
     if _has(target, "avx2") or _has(target, "avx"):
         return CpuParams(8, 12, cores, isa="avx2" if _has(target, "fma") else "avx")
     return CpuParams(4, 12, cores, isa="sse")  # SSE2: what a bare "llvm" gets on x86-64

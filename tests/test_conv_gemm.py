@@ -258,6 +258,16 @@ def test_every_tile_of_a_conv_keeps_its_accumulators_in_registers(target):
     assert loops and all(stack == 0 for _, _, stack in loops), loops
 
 
+@pytest.mark.parametrize("case", [(16, 32, 40, 3, 2, 1), (1024, 48, 4, 1)],
+                         ids=["16x16-stride2", "16x16-row-slivers"])
+def test_zen4_conv_tile_keeps_its_accumulators_in_registers(case):
+    """Compile only: Zen 4's conv panels of 16 (a 16×16 tile, 16 accumulators and a
+    16-row tail; the weight read in place, or packed in slivers of 16 rows) move no vector to
+    or from the stack in any FMA loop."""
+    loops = fma_loops(assembly(conv_model(*case), ZEN4))
+    assert loops and all(stack == 0 for _, _, stack in loops), loops
+
+
 @pytest.mark.parametrize("target, size", [(ZEN3, 12), (AVX512, 12), (AARCH64, 13)],
                          ids=["avx2", "avx512", "aarch64"])
 def test_gathered_conv_keeps_its_accumulators_in_registers(target, size):

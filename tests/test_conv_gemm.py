@@ -379,8 +379,9 @@ def test_avx512_conv_panels_follow_the_fma_bound_model():
     """On a core that loads two values per 512-bit FMA for free (Zen 4), 12x32 and 16x16 are
     both FMA-bound, so a conv's panel width follows its padding and row tiles: 80-wide rows
     and 32 channels take 16 (80 = 5 panels; 2 tiles of 16 rows, where 12x32 pads to 96 and
-    leaves 8 rows), 256-wide rows of 64 channels keep 32 (tie: the wider); the dilated 3x3
-    at 28x28 gathers its 784 positions in panels of 16. AVX2 (the additive model) keeps its
+    leaves 8 rows), 256-wide rows of 64 channels keep 32 (tie: the wider), as do 784 flat
+    positions (2 % of padding saved); the dilated 3x3 at 28x28 gathers its 784 positions in
+    panels of 16. AVX2 (the additive model) keeps its
     plans."""
     zen4 = cpu_params(ZEN4)
     assert zen4.loads_per_fma == 2.0 and cpu_params(AVX2).loads_per_fma == 0.0
@@ -391,6 +392,9 @@ def test_avx512_conv_panels_follow_the_fma_bound_model():
     assert unet.nr == 32
     dil = plan_conv_gemm([1, 256, 28, 28], (3, 3), (1, 1), (2,) * 4, (2, 2), zen4, 256)
     assert dil.gathered and dil.nr == 16
+    # a 2 % padding saved is not worth the narrower tile's loads (_NARROWER_GAIN)
+    assert plan_conv_gemm([1, 512, 28, 28], (1, 1), (1, 1), (0,) * 4, (1, 1), zen4, 128).nr == 32
+    assert plan_conv_gemm([1, 1024, 14, 14], (1, 1), (1, 1), (0,) * 4, (1, 1), zen4, 256).nr == 16
     haswell = plan_conv_gemm([1, 16, 160, 160], (3, 3), (2, 2), (1,) * 4, (1, 1),
                              cpu_params(AVX2), 32)
     assert haswell.nr == 16 and not haswell.gathered

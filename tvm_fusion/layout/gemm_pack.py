@@ -237,7 +237,7 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
         nr = panel_width(out_channels, params)
         if params.loads_per_fma:  # the width whose tile does these rows best
             widths = range(params.lanes, widest + 1, params.lanes)
-            nr = min(widths, key=lambda w: (_work(params, w, out_channels, positions), -w))
+            nr = _widest_unless(widths, lambda w: _work(params, w, out_channels, positions))
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, False, True,
                         out_channels)
     return plan
@@ -278,6 +278,22 @@ def _work(params: CpuParams, nr: int, columns: int, rows: int = 0) -> float:
     return padded * cycles / (rows * vectors)
 
 
+# With loads_per_fma, a panel narrower than the ISA's tile only where its modelled work is at
+# most this share of the widest's: AVX-512's 16x16 takes 17 loads per 16 FMAs, at the edge of
+# Zen 4's two a cycle, and measured slower than 12x32 where it only saved a 2 % padding (a 1x1
+# 512->128 conv at 28x28, 784 columns against 800: 1.43 against 1.15 ms), faster where it
+# saved 7 % or more (ResNet-50's 1x1 1024->256 at 14x14, its stem, YOLOv8n's 3x3/2)
+_NARROWER_GAIN = 0.95
+
+
+def _widest_unless(widths, work) -> int:
+    """The widest of ``widths`` unless a narrower one's ``work(w)`` is at most
+    :data:`_NARROWER_GAIN` of its (then the least work, the wider on a tie)."""
+    widest = max(widths)
+    best = min(widths, key=lambda w: (work(w), -w))
+    return best if work(best) <= _NARROWER_GAIN * work(widest) else widest
+
+
 def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[int, int],
                      padding: tuple[int, int, int, int], dilation: tuple[int, int],
                      params: CpuParams, out_h: int, out_w: int,
@@ -290,8 +306,8 @@ def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[i
         nr = panel_width(shape[0] * out_h * out_w, params)
         if params.loads_per_fma:
             columns = shape[0] * out_h * out_w
-            nr = min(range(params.lanes, nr + 1, params.lanes),
-                     key=lambda w: (_work(params, w, columns, out_channels), -w))
+            nr = _widest_unless(range(params.lanes, nr + 1, params.lanes),
+                                lambda w: _work(params, w, columns, out_channels))
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat)
     _, widest = params.gemm_tile()
 
@@ -301,6 +317,8 @@ def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[i
 
     widths = range(params.lanes, widest + 1, params.lanes)
     nr = min(widths, key=lambda w: (cost(w, out_w) * out_h, -w))
+    if params.loads_per_fma:
+        nr = _widest_unless(widths, lambda w: cost(w, out_w))
     rows = ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat)
     best, best_cost = rows, cost(nr, out_w) * out_h * batch
     if strides == (1, 1):
@@ -308,6 +326,8 @@ def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[i
                             padded_flat=True, in_h=height, in_w=width)
         columns = flat_pad.columns(batch)
         nr_flat = min(widths, key=lambda w: (cost(w, columns), -w))
+        if params.loads_per_fma:
+            nr_flat = _widest_unless(widths, lambda w: cost(w, columns))
         # fewer columns, not only a wider modelled tile: with as many or more columns (a
         # dilated 3x3 at 28x28: 896 both ways; 31-wide rows: 1,023 against 992) panels of 24
         # measured slower than the rows' 16 (0.79 -> 0.72x, 1.32 -> 1.11x ONNX Runtime)

@@ -39,12 +39,11 @@ from tvm import s_tir, sym, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir import SBlock
 
-from .deinterleave import deinterleave_phase_paddings
-
 from ..tir_utils import buffer_loads, buffer_stores, const_int, find_all, iter_sblocks
 from .analysis import param_names, root_block, stride_in_last_dim, uses_var, written_only_before
 from .cpu_target import CpuParams
 from .cpu_tile import PACKED_GEMM_STAGE, fold_epilogue_chain
+from .deinterleave import deinterleave_phase_paddings
 from .gemm_template import STREAM_ROW_TILES, Blocking, Gemm, emit_gemm, parallel_plan, split_gather
 
 # Integer weight types the packed GEMM widens in registers (layout/weight_quant.py packs them)

@@ -10,13 +10,15 @@ from conftest import TARGET
 from onnx import TensorProto, helper, numpy_helper
 
 from tvm_fusion.compile import compile_model, count_kernels, fuse, import_onnx, run
-from tvm_fusion.layout.gemm_pack import fold_conv3d, plan_conv_gemm
+from tvm_fusion.layout.gemm_pack import fold_conv3d, pack_rows, plan_conv_gemm
 from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.testing.notes import schedule_notes
 from tvm_fusion.tir_schedules.cpu_target import cpu_params
 
 AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 1})
 NEON = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
+SKX = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 1})
 
 
 def conv_model(c_in, c_out, size, k, stride=1, pad=0, dilation=1, groups=1, batch=1,
@@ -256,6 +258,16 @@ def test_every_tile_of_a_conv_keeps_its_accumulators_in_registers(target):
     assert loops and all(stack == 0 for _, _, stack in loops), loops
 
 
+@pytest.mark.parametrize("case", [(16, 32, 40, 3, 2, 1), (1024, 48, 4, 1)],
+                         ids=["16x16-stride2", "16x16-row-slivers"])
+def test_zen4_conv_tile_keeps_its_accumulators_in_registers(case):
+    """Compile only: Zen 4's conv panels of 16 (a 16×16 tile, 16 accumulators and a
+    16-row tail; the weight read in place, or packed in slivers of 16 rows) move no vector to
+    or from the stack in any FMA loop."""
+    loops = fma_loops(assembly(conv_model(*case), ZEN4))
+    assert loops and all(stack == 0 for _, _, stack in loops), loops
+
+
 @pytest.mark.parametrize("target, size", [(ZEN3, 12), (AVX512, 12), (AARCH64, 13)],
                          ids=["avx2", "avx512", "aarch64"])
 def test_gathered_conv_keeps_its_accumulators_in_registers(target, size):
@@ -319,6 +331,73 @@ def test_gathered_packing_reads_through_column_and_k_offsets():
     script = func.script()
     assert "col_offsets" in script and "k_offsets" in script, script
     _check(model, AVX2)
+
+
+def test_weight_is_packed_in_slivers_of_the_micro_kernel_rows():
+    """Where the weight's rows, read in place, would share L1 sets (a row of 1,024 floats is
+    4 KiB, the way size of a 32 KiB 8-way L1: the tile's 16 rows in one set), it is packed at
+    compile time as ``[⌈N/MR⌉, K, MR]``, the tile's MR rows side by side for each k (zero
+    rows past N), and read in place by the micro-kernel (no row-major copy); rows that spread
+    over the sets (AVX2's 4, or 17·9 floats apart) stay ``W[N, K]``."""
+    w = np.arange(15, dtype="float32").reshape(5, 3)
+    packed = pack_rows(w, 2)
+    assert packed.shape == (3, 3, 2)
+    assert packed[1, 2, 1] == w[3, 2] and packed[2, 0, 0] == w[4, 0] and packed[2, 0, 1] == 0
+    params = cpu_params(ZEN4)
+    assert params.l1_rows_per_set(16, 4096) == 16 and params.l1_rows_per_set(16, 4 * 153) == 1
+    assert cpu_params(AVX2).l1_rows_per_set(4, 4096) == 4  # half the ways: in place
+    model = conv_model(1024, 40, 5, 1)  # 40 output channels: a partial sliver
+    mod = fuse(import_onnx(model), ZEN4)
+    func = next(f for f in mod.functions.values()
+                if isinstance(f, tvm.tirx.PrimFunc) and "packed GEMM" in schedule_notes(
+                    tvm.IRModule({"f": f})))
+    notes = schedule_notes(tvm.IRModule({"f": func}))
+    assert "A copied row-major" not in notes, notes
+    plan = plan_conv_gemm([1, 1024, 5, 5], (1, 1), (1, 1), (0,) * 4, (1, 1), params, 40)
+    mr, _ = params.gemm_tile(plan.nr)
+    sliver = f"T.Buffer((T.int64({-(-40 // mr)}), T.int64(1024), T.int64({mr}))"
+    assert sliver in func.script(), func.script()
+    _check(model, ZEN4)
+    small = fuse(import_onnx(conv_model(*CASES["3x3-stride2-odd"])), AVX2)
+    assert "T.Buffer((T.int64(33), T.int64(153))" in small.script()
+
+
+def test_stride2_phases_are_copied_deinterleaved():
+    """A strided conv's column-phase padding is copied with the interior columns unrolled
+    over the phases, no bounds test (LLVM loads them as one interleaved group instead of
+    a masked gather per phase), and the edge columns apart; the values are the padding's."""
+    for case, phases in (("3x3-stride2-odd", 2), ("7x7-stride2-3ch", 2)):
+        model = conv_model(*CASES[case])
+        mod = fuse(import_onnx(model), ZEN4)
+        notes = schedule_notes(mod)
+        assert f"{phases} column phases copied deinterleaved" in notes, notes
+        _check(model, ZEN4)
+        _check(model, AVX2)
+
+
+def test_avx512_conv_panels_follow_the_fma_bound_model():
+    """On a core that loads two values per 512-bit FMA for free (Zen 4), 12x32 and 16x16 are
+    both FMA-bound, so a conv's panel width follows its padding and row tiles: 80-wide rows
+    and 32 channels take 16 (80 = 5 panels; 2 tiles of 16 rows, where 12x32 pads to 96 and
+    leaves 8 rows), 256-wide rows of 64 channels keep 32 (tie: the wider), as do 784 flat
+    positions (2 % of padding saved); the dilated 3x3 at 28x28 gathers its 784 positions in
+    panels of 16. AVX2 (the additive model) keeps its
+    plans."""
+    zen4 = cpu_params(ZEN4)
+    assert zen4.loads_per_fma == 2.0 and cpu_params(AVX2).loads_per_fma == 0.0
+    assert cpu_params(SKX).loads_per_fma == 1.0
+    yolo = plan_conv_gemm([1, 16, 160, 160], (3, 3), (2, 2), (1,) * 4, (1, 1), zen4, 32)
+    assert yolo.nr == 16 and not yolo.gathered
+    unet = plan_conv_gemm([1, 64, 256, 256], (3, 3), (1, 1), (1,) * 4, (1, 1), zen4, 64)
+    assert unet.nr == 32
+    dil = plan_conv_gemm([1, 256, 28, 28], (3, 3), (1, 1), (2,) * 4, (2, 2), zen4, 256)
+    assert dil.gathered and dil.nr == 16
+    # a 2 % padding saved is not worth the narrower tile's loads (_NARROWER_GAIN)
+    assert plan_conv_gemm([1, 512, 28, 28], (1, 1), (1, 1), (0,) * 4, (1, 1), zen4, 128).nr == 32
+    assert plan_conv_gemm([1, 1024, 14, 14], (1, 1), (1, 1), (0,) * 4, (1, 1), zen4, 256).nr == 16
+    haswell = plan_conv_gemm([1, 16, 160, 160], (3, 3), (2, 2), (1,) * 4, (1, 1),
+                             cpu_params(AVX2), 32)
+    assert haswell.nr == 16 and not haswell.gathered
 
 
 def test_b_block_is_packed_k_by_k_across_its_panels():

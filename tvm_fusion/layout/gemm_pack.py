@@ -175,6 +175,9 @@ class ConvGemm:
     # the columns are the flat output positions, no padding per row: packing gathers each
     # column's window through a table of column offsets (any stride, dilation, map width)
     gathered: bool = False
+    # the weight (A) packed at compile time in slivers of this many rows, ``Ap[⌈N/MR⌉, K, MR]``
+    # (0: ``W[N, K]`` as it is); out_channels then says N
+    a_mr: int = 0
 
     @property
     def row(self) -> int:
@@ -228,10 +231,13 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
     # rows), not 14×14 or 16×16 (1.1-1.2x: as columns 0.81 -> 0.86x, 0.89 -> 1.12x, the
     # U-Net's 3×3 1024→1024 0.79 -> 0.85x against rows)
     _, widest = params.gemm_tile()
-    ideal = _work(params, widest, widest) / widest * positions  # no padded panel
-    if positions < out_channels and \
-            _work(params, plan.nr, plan.columns(batch)) >= _COSTLIER_COLUMNS * ideal:
+    ideal = _work(params, widest, widest, out_channels) / widest * positions  # no padding
+    if positions < out_channels and _work(params, plan.nr, plan.columns(batch),
+                                          out_channels) >= _COSTLIER_COLUMNS * ideal:
         nr = panel_width(out_channels, params)
+        if params.loads_per_fma:  # the width whose tile does these rows best
+            widths = range(params.lanes, widest + 1, params.lanes)
+            nr = _widest_unless(widths, lambda w: _work(params, w, out_channels, positions))
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, False, True,
                         out_channels)
     return plan
@@ -250,13 +256,42 @@ GATHER_COST = 3
 _GATHER_GAIN = 0.93
 
 
-def _work(params: CpuParams, nr: int, columns: int) -> float:
+def _work(params: CpuParams, nr: int, columns: int, rows: int = 0) -> float:
     """Work of ``columns`` in panels of ``nr``, per FMA of the tile: the micro-kernel's loads
-    (MR broadcasts, NR/lanes vectors of B) beside its FMAs, the last panel's padding."""
+    (MR broadcasts, NR/lanes vectors of B) beside its FMAs, the last panel's padding.
+
+    Where the target's core loads values beside its FMAs for free
+    (``CpuParams.loads_per_fma``, Zen 4's AVX-512), a k step costs the larger of its FMAs
+    and its loads over that rate, and the GEMM's ``rows`` (output channels, or positions)
+    count: full tiles of MR rows and the tail's tiles of 2^i rows, each at its own rate, per
+    row computed. Elsewhere loads cost as FMAs and the rows are not counted (the model the
+    AVX2 plans were measured with)."""
     mr, _ = params.gemm_tile(nr)
     vectors = nr // params.lanes
-    fmas = mr * vectors
-    return -(-columns // nr) * nr * (fmas + mr + vectors) / fmas
+    padded = -(-columns // nr) * nr
+    if not params.loads_per_fma or rows <= 0:
+        fmas = mr * vectors
+        return padded * (fmas + mr + vectors) / fmas
+    tiles = [mr] * (rows // mr) + [1 << b for b in range((rows % mr).bit_length())
+                                   if (rows % mr) >> b & 1]
+    cycles = sum(max(t * vectors, (t + vectors) / params.loads_per_fma) for t in tiles)
+    return padded * cycles / (rows * vectors)
+
+
+# With loads_per_fma, a panel narrower than the ISA's tile only where its modelled work is at
+# most this share of the widest's: AVX-512's 16x16 takes 17 loads per 16 FMAs, at the edge of
+# Zen 4's two a cycle, and measured slower than 12x32 where it only saved a 2 % padding (a 1x1
+# 512->128 conv at 28x28, 784 columns against 800: 1.43 against 1.15 ms), faster where it
+# saved 7 % or more (ResNet-50's 1x1 1024->256 at 14x14, its stem, YOLOv8n's 3x3/2)
+_NARROWER_GAIN = 0.95
+
+
+def _widest_unless(widths, work) -> int:
+    """The widest of ``widths`` unless a narrower one's ``work(w)`` is at most
+    :data:`_NARROWER_GAIN` of its (then the least work, the wider on a tie)."""
+    widest = max(widths)
+    best = min(widths, key=lambda w: (work(w), -w))
+    return best if work(best) <= _NARROWER_GAIN * work(widest) else widest
 
 
 def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[int, int],
@@ -269,15 +304,21 @@ def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[i
     flat = (kh, kw) == (1, 1) and strides == (1, 1) and not any(padding)
     if flat:
         nr = panel_width(shape[0] * out_h * out_w, params)
+        if params.loads_per_fma:
+            columns = shape[0] * out_h * out_w
+            nr = _widest_unless(range(params.lanes, nr + 1, params.lanes),
+                                lambda w: _work(params, w, columns, out_channels))
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat)
     _, widest = params.gemm_tile()
 
     def cost(nr: int, columns: int) -> float:
         """Work of ``columns`` (per image) in panels of ``nr``, per FMA of the tile."""
-        return _work(params, nr, columns)
+        return _work(params, nr, columns, out_channels)
 
     widths = range(params.lanes, widest + 1, params.lanes)
     nr = min(widths, key=lambda w: (cost(w, out_w) * out_h, -w))
+    if params.loads_per_fma:
+        nr = _widest_unless(widths, lambda w: cost(w, out_w))
     rows = ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat)
     best, best_cost = rows, cost(nr, out_w) * out_h * batch
     if strides == (1, 1):
@@ -285,6 +326,8 @@ def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[i
                             padded_flat=True, in_h=height, in_w=width)
         columns = flat_pad.columns(batch)
         nr_flat = min(widths, key=lambda w: (cost(w, columns), -w))
+        if params.loads_per_fma:
+            nr_flat = _widest_unless(widths, lambda w: cost(w, columns))
         # fewer columns, not only a wider modelled tile: with as many or more columns (a
         # dilated 3x3 at 28x28: 896 both ways; 31-wide rows: 1,023 against 992) panels of 24
         # measured slower than the rows' 16 (0.79 -> 0.72x, 1.32 -> 1.11x ONNX Runtime)
@@ -298,8 +341,15 @@ def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[i
     # 3x3 at 28x28 0.83 against 0.87x ONNX Runtime, the U-Net's 3x3 320 at 32x32 0.76
     # against 0.82x)
     positions = batch * out_h * out_w
+    per_value = GATHER_COST
+    if params.loads_per_fma:
+        # a hardware gather (AVX-512's vgatherdps) issues its lanes as loads at the core's
+        # load rate, 1 / loads_per_fma FMA-times per value; its panel width is the model's
+        # for the positions (784 = 49 panels of 16, where 32 pads it to 800)
+        per_value = 1 / params.loads_per_fma
+        nr = min(widths, key=lambda w: (cost(w, positions), -w))
     padded = -(-positions // nr) * nr
-    gathered = cost(nr, positions) + GATHER_COST * params.lanes / max(out_channels, 1) * padded
+    gathered = cost(nr, positions) + per_value * params.lanes / max(out_channels, 1) * padded
     if gathered < _GATHER_GAIN * best_cost:
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat,
                         gathered=True)
@@ -501,6 +551,14 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
     nr, row, out_h, out_w = plan.nr, plan.row, plan.out_h, plan.out_w
     columns = plan.columns(images)
     k_total = channels * kh * kw
+    a_mr = plan.a_mr
+    if a_mr:
+        out_channels = plan.out_channels
+
+    def weight(co, k):
+        if not a_mr:
+            return w[co, k]
+        return w[tirx.floordiv(co, _i64(a_mr)), k, tirx.floormod(co, _i64(a_mr))]
 
     def stage(shape, value, name):
         """``value(img, *index)`` over ``shape``, with a leading batch axis (``img`` its
@@ -605,7 +663,7 @@ def conv2d_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
     k = te.reduce_axis((0, _i64(k_total)), name="k")
     gemm = stage(
         (_i64(out_channels), _i64(columns)),
-        lambda img, co, j: te.sum(w[co, k] * panels[(*lead(img), tirx.floordiv(j, _i64(nr)), k,
+        lambda img, co, j: te.sum(weight(co, k) * panels[(*lead(img), tirx.floordiv(j, _i64(nr)), k,
                                                      tirx.floormod(j, _i64(nr)))], axis=k),
         PACKED_GEMM)
     if per_image:
@@ -729,6 +787,16 @@ def conv2d_transpose_gemm(x: te.Tensor, w: te.Tensor, plan: ConvGemm,
 
     return te.compute((cols.shape[0], _i64(out_channels), _i64(conv.out_h), _i64(conv.out_w)),
                       value, name="conv2d_transpose_col2im")
+
+
+def pack_rows(w: np.ndarray, mr: int) -> np.ndarray:
+    """``w[N, K]`` as ``[⌈N/MR⌉, K, MR]`` slivers of MR rows (zero rows past N): the
+    micro-kernel's MR broadcasts per k then read consecutive floats, one stream, where the
+    rows of ``w`` are MR streams K floats apart."""
+    n, k = w.shape
+    out = np.zeros((-(-n // mr) * mr, k), w.dtype)
+    out[:n] = w
+    return np.ascontiguousarray(out.reshape(-1, mr, k).transpose(0, 2, 1))
 
 
 def pack_weight(w: np.ndarray, nr: int, transposed: bool) -> np.ndarray:
@@ -862,10 +930,21 @@ class _Packer(relax.PyExprMutator):
         outputs = []
         for g in range(groups):
             w2 = np.ascontiguousarray(w_np[g * n:(g + 1) * n].reshape(n, channels * kh * kw))
-            w2 = relax.const(pack_weight(w2, plan.nr, True) if plan.positions_as_rows else w2)
+            used = plan
+            if plan.positions_as_rows:
+                w2 = pack_weight(w2, plan.nr, True)
+            else:
+                # rows whose lines share L1 sets (a row length a multiple of the way size)
+                # would evict one another: the micro-kernel's rows packed, one stream
+                mr, _ = self.params.gemm_tile(plan.nr)
+                if self.params.l1_rows_per_set(mr, 4 * w2.shape[1]) > self.params.l1d_ways // 2:
+                    w2 = pack_rows(w2, mr)
+                    used = replace(plan, a_mr=mr, out_channels=n)
+            w2 = relax.const(w2)
             part = (None if groups == 1 else (g * channels, channels))
             conv = self.builder_.call_te(
-                lambda data, weights, part=part: conv2d_gemm(data, weights, plan, part, depth),
+                lambda data, weights, part=part, used=used: conv2d_gemm(data, weights, used,
+                                                                        part, depth),
                 x, w2, primfunc_name_hint="conv3d_gemm" if three_d else "conv2d_gemm")
             if groups == 1:
                 return conv

@@ -40,9 +40,10 @@ from tvm.ir.expr import TensorLoad
 from tvm.s_tir import SBlock
 
 from ..tir_utils import buffer_loads, buffer_stores, const_int, find_all, iter_sblocks
-from .analysis import param_names, root_block, stride_in_last_dim, written_only_before
+from .analysis import param_names, root_block, stride_in_last_dim, uses_var, written_only_before
 from .cpu_target import CpuParams
 from .cpu_tile import PACKED_GEMM_STAGE, fold_epilogue_chain
+from .deinterleave import deinterleave_phase_paddings
 from .gemm_template import STREAM_ROW_TILES, Blocking, Gemm, emit_gemm, parallel_plan, split_gather
 
 # Integer weight types the packed GEMM widens in registers (layout/weight_quant.py packs them)
@@ -326,6 +327,8 @@ def emit_packed_gemms(func: tirx.PrimFunc, sites: list[GemmSite], params: CpuPar
         if hit:
             out.append(replace[hit[0]])
         elif not names & drop:
+            stmt, copied = deinterleave_phase_paddings(stmt)
+            notes.extend(copied)
             out.append(stmt)
     body = out[0] if len(out) == 1 else tirx.SeqStmt(out)
     used = {ld.source.__chandle__() for ld in buffer_loads(body)}
@@ -409,7 +412,7 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
                                           *per_image]))
 
     load_a, prologue = load_x, []
-    if not _contiguous_in_k(match.x, match.k):
+    if not _contiguous_in_k(match.x, match.k) and not _row_slivers(match.x, match.k):
         # A read through div/mod of k (a transpose or reshape inlined into it) or computed:
         # copied once, row-major, so the micro-kernel's broadcasts walk along k
         copy = tirx.decl_buffer((rows, k), "float32", "a_rows")
@@ -503,6 +506,20 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
     if sums_apart:
         note += "; float32 running sums between K blocks"
     return nest, note
+
+
+def _row_slivers(x, k) -> bool:
+    """``x`` is a load of a weight packed in slivers of rows, ``Ap[m // MR, k, m % MR]``
+    (``layout/gemm_pack.py``): the micro-kernel's broadcasts walk it as one stream."""
+    if not isinstance(x, TensorLoad) or len(x.indices) != 3:
+        return False
+    first, middle, last = x.indices
+    if not (isinstance(first, tirx.FloorDiv) and isinstance(last, tirx.FloorMod)):
+        return False
+    mr = const_int(first.b)
+    return (mr is not None and mr == const_int(last.b) and first.a.same_as(last.a)
+            and isinstance(middle, tvm.ir.Var) and middle.same_as(k)
+            and not uses_var(first, k))
 
 
 def _contiguous_in_k(x, k) -> bool:

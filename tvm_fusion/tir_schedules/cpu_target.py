@@ -63,6 +63,11 @@ DEFAULT_CACHES = (Cache(32 * KIB, 8), Cache(512 * KIB, 8))
 # Zen 3: 4×24 90 % of peak, 6×16 84 %, 3×32 (17 registers: spills) 62 %.
 GEMM_TILES = {"avx512": (12, 32), "avx2": (4, 24), "avx": (4, 24), "sse": (4, 12),
               "neon": (8, 12), "generic": (4, 12)}
+# 512-bit FMAs a core issues per cycle, where it is not two (Intel's AVX-512 server cores):
+# Zen 4 executes a 512-bit FMA as two 256-bit halves on its two FMA pipes, one a cycle.
+# With two loads a cycle, it then loads two values (broadcasts or B vectors) per FMA for free
+# (CpuParams.loads_per_fma).
+FMA512_PER_CYCLE = {"znver4": 1}
 # Registers per B vector that widening an 8-bit weight to float32 needs beside it: none where
 # one instruction loads and sign-extends into the B register (x86 ``vpmovsxbd``/``pmovsxbd``),
 # two where it goes 8 → 16 → 32 bits in steps (NEON ``sxtl``; SSE2's unpacks). Checked in the
@@ -83,6 +88,10 @@ class CpuParams:
     fma_chains: int = 8  # FMA pipes × FMA latency: independent accumulators needed
     l1d_ways: int = DEFAULT_CACHES[0].ways
     l2_ways: int = DEFAULT_CACHES[1].ways
+    # loads the core issues beside each vector FMA at no cost (0: the conv plans' additive
+    # model, loads cost as FMAs, as measured on Zen 3): with it a tile is FMA-bound while its
+    # loads per k step are at most this many per FMA (layout/gemm_pack.py: _work)
+    loads_per_fma: float = 0.0
 
     def vector_bytes(self) -> int:
         return self.lanes * 4
@@ -128,6 +137,19 @@ class CpuParams:
             mr = max(1, min(mr, (self.vector_registers - 1 - vectors * per_b) // vectors))
         return mr, nr or wide
 
+    def l1_rows_per_set(self, rows: int, stride: int) -> int:
+        """The most of ``rows`` rows, ``stride`` bytes apart, whose lines at one offset fall
+        in one L1 set: a weight read in place by the micro-kernel's MR rows whose row length
+        is a multiple of the L1's way size (4 KiB: 1,024 floats, a 1×1 conv over 1,024
+        channels) puts every row's line in the same set."""
+        line = 64
+        sets = max(1, self.l1d_bytes // (max(self.l1d_ways, 1) * line))
+        counts: dict[int, int] = {}
+        for r in range(rows):
+            key = (r * stride // line) % sets
+            counts[key] = counts.get(key, 0) + 1
+        return max(counts.values(), default=0)
+
     def gemm_blocks(self, mr: int, nr: int) -> tuple[int, int]:
         """(KC, NC) for MLAS's loop order: the A sliver MR×KC and a B micro-panel KC×NR fill
         the L1 but one way (KC, a multiple of 16); the B block KC×NC half the L2 (NC, a
@@ -160,8 +182,15 @@ def _simd_params(target: tvm.target.Target, cores: int) -> CpuParams:
     if triple.startswith(("arm", "riscv", "wasm")):
         return CpuParams(4, 12, cores)
     if _has(target, "avx512f"):
+        mcpu = str(attrs["mcpu"]) if "mcpu" in attrs else ""
+        if not mcpu:
+            try:
+                mcpu = str(codegen.llvm_get_system_cpu())
+            except Exception:  # noqa: BLE001 (a TVM without LLVM)
+                mcpu = ""
+        loads = 2.0 / FMA512_PER_CYCLE.get(mcpu, 2)  # two loads a cycle
         return CpuParams(16, 24, cores, native_fp16=_has(target, "avx512fp16"), isa="avx512",
-                         vector_registers=32)
+                         vector_registers=32, loads_per_fma=loads)
     if _has(target, "avx2") or _has(target, "avx"):
         return CpuParams(8, 12, cores, isa="avx2" if _has(target, "fma") else "avx")
     return CpuParams(4, 12, cores, isa="sse")  # SSE2: what a bare "llvm" gets on x86-64

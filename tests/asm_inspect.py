@@ -12,10 +12,11 @@ AARCH64 = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu",
                              "mattr": ["+neon"], "num-cores": 1})
 
 
-def fma_loops(asm: str) -> list[tuple[int, int, int]]:
-    """(lines, FMAs, vector stack accesses) of every innermost loop (a backward branch whose
-    body holds no other loop) that does FMAs: a spilled accumulator or B vector is moved
-    between a vector register and the stack (a reloaded pointer is a scalar register)."""
+def innermost_loops(asm: str, instruction: str) -> list[tuple[int, int, int]]:
+    """(lines, matches of the ``instruction`` regex, vector stack accesses) of every innermost
+    loop (a backward branch whose body holds no other loop) that has the instruction: a
+    spilled accumulator or B vector is moved between a vector register and the stack (a
+    reloaded pointer is a scalar register)."""
     lines = asm.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines)
               if (m := re.match(r"^(\.?L\w+):", line))}
@@ -29,12 +30,17 @@ def fma_loops(asm: str) -> list[tuple[int, int, int]]:
         if any(s > start and e < end for s, e in loops):
             continue  # not innermost
         body = lines[start:end + 1]
-        fma = sum(bool(re.search(r"vfmadd|\bfmla\b", x)) for x in body)
+        hits = sum(bool(re.search(instruction, x)) for x in body)
         stack = sum(bool(re.search(r"%[xyz]mm\d+.*\(%rsp\)|\(%rsp\).*%[xyz]mm\d+", x)
                          or re.search(r"\b[qv]\d+\b.*\[sp\b", x)) for x in body)
-        if fma:
-            out.append((len(body), fma, stack))
+        if hits:
+            out.append((len(body), hits, stack))
     return out
+
+
+def fma_loops(asm: str) -> list[tuple[int, int, int]]:
+    """(lines, FMAs, vector stack accesses) of every innermost loop that does FMAs."""
+    return innermost_loops(asm, r"vfmadd|\bfmla\b")
 
 
 def assembly(model, target) -> str:

@@ -5,13 +5,12 @@ to or from the stack), and where this machine runs it, the int32 result equals n
 from __future__ import annotations
 
 import importlib.util
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tvm
-from asm_inspect import AARCH64, ZEN3
+from asm_inspect import AARCH64, ZEN3, innermost_loops
 
 from tvm_fusion.tir_schedules.cpu_target import _has
 
@@ -32,29 +31,6 @@ def _host_has(feature: str) -> bool:
     return _has(host, feature)
 
 
-def _dot_loops(asm: str, instruction: str) -> list[tuple[int, int]]:
-    """(dot instructions, vector stack accesses) of every innermost loop doing the dot."""
-    lines = asm.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines)
-              if (m := re.match(r"^(\.?L\w+):", line))}
-    loops = []
-    for i, line in enumerate(lines):
-        m = re.match(r"\s+(?:j\w+|b\.\w+|b|cbnz|cbz)\s+(?:\w+,\s*)*(\.?L\w+)\s*$", line)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            loops.append((labels[m.group(1)], i))
-    out = []
-    for start, end in loops:
-        if any(s > start and e < end for s, e in loops):
-            continue
-        body = lines[start:end + 1]
-        dots = sum(bool(re.search(rf"\b{instruction}\b", x)) for x in body)
-        stack = sum(bool(re.search(r"%[xyz]mm\d+.*\(%rsp\)|\(%rsp\).*%[xyz]mm\d+", x)
-                         or re.search(r"\b[qv]\d+\b.*\[sp\b", x)) for x in body)
-        if dots:
-            out.append((dots, stack))
-    return out
-
-
 @pytest.mark.parametrize("target,form", [(ZEN4, "vnni"), (ZEN3, "pmaddwd"),
                                          (DOTPROD, "sdot")], ids=["avx512vnni", "avx2", "neon"])
 def test_integer_dot_builds_on_registers(target, form):
@@ -62,7 +38,8 @@ def test_integer_dot_builds_on_registers(target, form):
     assert got == form
     lib = tvm.compile(tvm.IRModule({"gemm": func}), target=target)
     asm = lib.mod.inspect_source("asm")
-    loops = _dot_loops(asm, INSTRUCTION[form])
+    loops = [(dots, stack) for _, dots, stack in
+             innermost_loops(asm, rf"\b{INSTRUCTION[form]}\b")]
     assert loops, f"no {INSTRUCTION[form]} loop"
     per_step = mr * nr // {"vnni": 16, "pmaddwd": 8, "sdot": 4}[form]  # one per accumulator
     for dots, stack in loops:  # LLVM may unroll the k loop: whole k steps

@@ -179,6 +179,12 @@ def uses_var(expr, var) -> bool:
     return False
 
 
+def uses_any(expr, variables) -> bool:
+    """True when ``expr`` mentions one of ``variables`` (by identity only)."""
+    variables = tuple(variables) if isinstance(variables, (list, tuple)) else (variables,)
+    return any(any(found.same_as(v) for v in variables) for found in find_all(expr, tvm.ir.Var))
+
+
 def index_uses(indices, var) -> bool:
     return any(uses_var(ix, var) for ix in indices)
 

@@ -26,7 +26,8 @@ from tvm import sym, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir import SBlockRealize
 
-from ..tir_utils import const_int, walk
+from ..tir_utils import const_int
+from .analysis import uses_any
 
 
 def _i64(value) -> tirx.PrimExpr:
@@ -37,16 +38,6 @@ def _clauses(cond) -> list:
     if isinstance(cond, tirx.And):
         return _clauses(cond.a) + _clauses(cond.b)
     return [cond]
-
-
-def _uses(expr, variables) -> bool:
-    found = []
-
-    def visit(node):
-        if isinstance(node, tvm.ir.Var) and any(node.same_as(v) for v in variables):
-            found.append(node)
-    walk(expr, visit)
-    return bool(found)
 
 
 def _substitute(expr, mapping: dict):
@@ -112,10 +103,10 @@ def _rewrite(loop: tirx.For) -> tirx.Stmt | None:
     offset = analyzer.simplify(column - v_q * _i64(stride) - v_ph)
     c = const_int(offset)
     width = const_int(load.source.shape[-1])
-    if c is None or width is None or any(_uses(i, [v_ph, v_q]) for i in load.indices[:-1]):
+    if c is None or width is None or any(uses_any(i, [v_ph, v_q]) for i in load.indices[:-1]):
         return None
-    row = [cl for cl in _clauses(cond) if not _uses(cl, [v_ph, v_q])]
-    cols = [cl for cl in _clauses(cond) if _uses(cl, [v_ph, v_q])]
+    row = [cl for cl in _clauses(cond) if not uses_any(cl, [v_ph, v_q])]
+    cols = [cl for cl in _clauses(cond) if uses_any(cl, [v_ph, v_q])]
     # q where every phase reads inside X: 0 <= q·S + c and q·S + S - 1 + c < width
     lo = max(0, -(c // stride))
     hi = min(count, (width - stride - c) // stride + 1)

@@ -50,7 +50,8 @@ import tvm_ffi
 from tvm import sym, tirx
 from tvm.ir.expr import TensorLoad
 
-from ..tir_utils import const_int, walk
+from ..tir_utils import const_int
+from .analysis import uses_any
 
 _F32 = "float32"
 # Bytes per cache line the C tile's prefetches step by (x86-64 and the AArch64 cores of
@@ -566,7 +567,7 @@ def _parts(terms: list, names: dict) -> dict | None:
     None when a term mixes them or a lane is not a term of its own."""
     parts = {name: [] for name in names}
     for term, scale in terms:
-        used = [name for name, var in names.items() if _uses(term, var)]
+        used = [name for name, var in names.items() if uses_any(term, var)]
         if len(used) > 1:
             return None
         parts[used[0] if used else "k"].append((term, scale))
@@ -589,18 +590,6 @@ def _terms(expr, scale: int) -> list:
     if const_int(expr) is not None:
         return [(_i64(const_int(expr)), scale)]
     return [(expr, scale)]
-
-
-def _uses(expr, var) -> bool:
-    """``expr`` uses ``var`` (or one of a tuple of variables)."""
-    variables = var if isinstance(var, tuple) else (var,)
-    found = []
-
-    def visit(node):
-        if isinstance(node, tvm.ir.Var) and any(node.same_as(v) for v in variables):
-            found.append(node)
-    walk(expr, visit)
-    return bool(found)
 
 
 def _substitute(expr, var, value):

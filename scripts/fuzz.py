@@ -85,10 +85,10 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from tvm_fusion.compile import to_target
-    from tvm_fusion.target import host_target_dict
     from tvm_fusion.fuzz.run import fuzz, summarise
     from tvm_fusion.fuzz.store import Store
     from tvm_fusion.fuzz.worker import Worker
+    from tvm_fusion.target import host_target_dict
 
     if args.target == "native":
         args.target = json.dumps(host_target_dict())

@@ -14,13 +14,12 @@ import numpy as np
 import onnx
 import pytest
 import tvm
+from conftest import host_has
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from tvm_fusion.frontend import ALL_REPAIRS, FrontendError, ImportReport, from_onnx
 from tvm_fusion.numerics import onnx_reference
-
-from conftest import host_has
 
 SIZES = {"seq": (7, 200), "batch": (1, 3)}
 

@@ -18,6 +18,14 @@ operator), each of its producer → consumer pairs recorded with
 :attr:`~.rejection.RejectReason.FUSION_LOSES`, and the decision itself
 (:class:`GuardDecision`) kept on the run's ``ModulePlan`` for ``tvm-fusion report``.
 
+**Scattered write-backs.** A kernel whose stores into its outputs step a cache line or more per
+iteration of their innermost loop (``work.scattered_stores``: SmartMem's *eliminate 2nd* into a
+tile whose vectors run along another axis) and store each element more than once (a K-blocked
+GEMM tile's partial sums) moves a line per further store; apart, the tile stores contiguously
+and a copy kernel changes the layout once. It is split when those lines exceed the
+intermediate's round trip by more than ``margin`` (ConvNeXt-T's NHWC → NCHW residual epilogues:
+6-7 % faster apart on Zen 4, docs/design.md). Once per element, the scatter is kept fused.
+
 Splitting is how the recomputed producer is materialised: it becomes its own kernel's output,
 written once, which its consumer reads. Scheduling the fused kernel again with the recomputed
 stages computed once at its root was tried and measured slower than the split (``Tile(LayerNorm)``

@@ -151,7 +151,8 @@ def judge_kernel(fused: tirx.PrimFunc, parts: list[tirx.PrimFunc], flops_per_byt
     stores, elements = scattered_stores(fused, CACHE_LINE_BYTES)
     rewrites = max(stores - elements, 0)
     scatter_bytes = CACHE_LINE_BYTES * rewrites
-    round_trip = 2 * 4 * elements
+    out = getattr(fused.params[-1].ty, "dtype", "float32") if fused.params else "float32"
+    round_trip = 2 * max(tvm.DataType(str(out)).bits // 8, 1) * elements
     scatter_loses = scatter_bytes > round_trip * (1.0 + margin)
     fused_cost += flops_per_byte * scatter_bytes
     apart_cost = sum(w.cost(flops_per_byte) for w in apart)

@@ -16,13 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
-from tvm import s_tir, tirx
+from tvm import s_tir, sym, tirx
 
 from .. import symbolic
 from ..tir_utils import buffer_loads
 from .analysis import expr_cost
+from .attention_match import substitute
 
-__all__ = ["Work", "executed_work", "recomputed_blocks"]
+__all__ = ["Work", "executed_work", "recomputed_blocks", "scattered_stores"]
 
 
 @dataclass(frozen=True)
@@ -117,3 +118,65 @@ def recomputed_blocks(func: tirx.PrimFunc) -> list[tuple[str, float]]:
 
     visit(func.body, 1)
     return found
+
+
+def scattered_stores(func: tirx.PrimFunc, line_bytes: int = 64) -> tuple[int, int]:
+    """``(stores, elements)``: executed stores into ``func``'s parameters (its outputs) whose
+    innermost enclosing loop steps the stored address by a cache line or more, and the elements
+    of the buffers they store to. A layout copy composed into a tile's write-back (a GEMM tile
+    of NHWC rows stored to NCHW) writes one element per line; a K-blocked GEMM tile does so
+    once per K block, reading and writing each line again (stores > elements). Static strides
+    only (a symbolic one is not counted)."""
+    # TVM 0.27: a buffer is its own variable; a scalar parameter (a symbolic size) is not one
+    params = {p for p in func.params if getattr(p.ty, "shape", None) is not None}
+    analyzer = sym.Analyzer()
+    total = 0
+    scattered: set = set()
+
+    def visit(stmt, loops, binds) -> None:
+        if stmt is None:
+            return
+        if isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s, loops, binds)
+        elif isinstance(stmt, tirx.For):
+            visit(stmt.body, loops + [stmt], binds)
+        elif isinstance(stmt, s_tir.SBlockRealize):
+            block = stmt.block
+            inner = dict(binds)
+            inner.update({iv.var: substitute(value, binds)
+                          for iv, value in zip(block.iter_vars, stmt.iter_values)})
+            visit(block.body, loops, inner)
+        elif isinstance(stmt, tirx.BufferStore):
+            check(stmt, loops, binds)
+        elif isinstance(stmt, tirx.IfThenElse):
+            visit(stmt.then_case, loops, binds)
+            visit(stmt.else_case, loops, binds)
+        else:
+            body = getattr(stmt, "body", None)
+            if isinstance(body, tvm.ir.Node):
+                visit(body, loops, binds)
+
+    def check(store, loops, binds) -> None:
+        nonlocal total
+        if store.buffer not in params or not loops or _extent(loops[-1].extent) < 2:
+            return
+        loop = loops[-1]
+        flat = 0
+        for index, dim in zip(store.indices, store.buffer.shape):
+            flat = flat * dim + index
+        flat = substitute(flat, binds)
+        step = analyzer.simplify(substitute(flat, {loop.loop_var: loop.loop_var + 1}) - flat)
+        if not isinstance(step, tirx.IntImm):
+            return
+        elem = max(tvm.DataType(str(store.buffer.dtype)).bits // 8, 1)
+        if abs(int(step.value)) * elem >= line_bytes:
+            count = 1
+            for f in loops:
+                count *= _extent(f.extent)
+            total += count
+            scattered.add(store.buffer)
+
+    visit(func.body, [], {})
+    return total, sum(symbolic.numel(b.shape) or 0 for b in scattered)
+    return total

@@ -23,6 +23,7 @@ from tvm_fusion.numerics import compare, onnx_reference
 from tvm_fusion.testing.notes import schedule_notes
 from tvm_fusion.tir_schedules.cpu_target import CpuParams, cpu_params
 from tvm_fusion.tir_schedules.fused_block import FALLBACK_ATTR, SCHEDULE_ATTR, schedule_primfunc
+from tvm_fusion.tir_schedules.gemm_template import Blocking, parallel_plan
 
 
 def _vi(name, shape):
@@ -225,6 +226,19 @@ def test_threads(cores, mode):
     target = tvm.target.Target({"kind": "llvm", "num-cores": cores})
     notes = schedule_notes(_check(_matmul(301, 64, n), target=target))
     assert mode in notes, notes
+
+
+@pytest.mark.parametrize("cores", [2, 3, 4])
+def test_n_blocks_are_a_whole_number_per_thread(cores):
+    """A parallel loop gives each thread a contiguous share of its iterations: BERT's merged
+    Q/K/V GEMM (N = 2304, 72 panels of 32) in the cache's blocks of 25 panels made 3 blocks,
+    so on 2 threads one thread did two; now the blocks are a multiple of the threads, each at
+    most the cache's size, the result identical (test_threads)."""
+    blk = Blocking(mr=12, nr=32, lanes=16, kc=160, nc=800)
+    mode, shared = parallel_plan(2304, blk, cores, 128)
+    blocks = -(-72 // shared)
+    assert mode == "parallel N blocks" and shared <= 25 and blocks % cores == 0, (shared, blocks)
+    assert parallel_plan(2304, blk, 1, 128) == ("one thread", 25)
 
 
 # ------------------------------------------------------------------------------ the weight

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Callable
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -13,25 +14,34 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder.
+    """Write ``data`` to ``path`` as :func:`atomic_write_with` does."""
 
-    The temporary file is flushed and fsynced, then ``os.replace``d over ``path`` (atomic on
-    POSIX and Windows within one file system), and the folder is fsynced so the rename itself
-    survives a power cut. A reader sees the old content or the new, never a torn write. The file
-    gets the permissions a plain ``open`` would give (mkstemp's 0600 would hide it from others).
-    """
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as handle:
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+    atomic_write_with(path, write)
+
+
+def atomic_write_with(path: str | os.PathLike, write: Callable[[str], None],
+                      suffix: str = ".tmp") -> None:
+    """Have ``write(tmp)`` produce the file at a temporary path in ``path``'s folder, then
+    ``os.replace`` it over ``path`` (atomic on POSIX and Windows within one file system) and
+    fsync the folder so the rename itself survives a power cut. A reader sees the old content
+    or the new, never a torn write. The file gets the permissions a plain ``open`` would give
+    (mkstemp's 0600 would hide it from others). ``suffix``: for writers that go by the name's
+    ending (TVM's ``export_library`` links a ``.so``)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=suffix, dir=folder)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -10,16 +10,15 @@ it (the host's caches included), TVM's version and the source of every ``tvm_fus
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
 import tvm
 
+from .atomic import atomic_write_with
 from .tir_schedules.cpu_target import cpu_params
 
 PACKAGE = Path(__file__).resolve().parent
@@ -48,8 +47,8 @@ def build_key(model_path: str | os.PathLike, options: dict, target: tvm.target.T
 def load_or_build(cache_dir: str | os.PathLike | None, model_path, options: dict,
                   target: tvm.target.Target, build):
     """The executable for ``(model_path, options, target)``: loaded from ``cache_dir`` when a
-    build with the same key is there, else ``build()``, exported there (written to a temporary
-    name and renamed, so a crash mid-write leaves no torn library)."""
+    build with the same key is there, else ``build()``, exported there atomically (a crash
+    mid-write leaves no torn library)."""
     if cache_dir is None:
         return build()
     folder = Path(cache_dir)
@@ -57,14 +56,5 @@ def load_or_build(cache_dir: str | os.PathLike | None, model_path, options: dict
     if path.exists():
         return tvm.runtime.load_module(str(path))
     executable = build()
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".so", dir=folder)
-    os.close(fd)
-    try:
-        executable.export_library(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write_with(path, executable.export_library, suffix=".so")
     return executable

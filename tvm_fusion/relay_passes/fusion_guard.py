@@ -64,6 +64,7 @@ from tvm.s_tir import SBlock
 
 from ..instrument import emit
 from ..module_update import with_functions
+from ..tir_schedules.cpu_target import CACHE_LINE_BYTES
 from ..tir_schedules.fused_block import ScheduleFusedBlocks
 from ..tir_schedules.records import KEPT_ATTR
 from ..tir_schedules.work import executed_work, recomputed_blocks, scattered_stores
@@ -77,9 +78,6 @@ __all__ = ["FusionGuard", "GuardDecision", "MemoryDecision", "judge_kernel", "wh
 # A fused kernel may cost this much more than its parts before it is split: the estimate counts
 # scalar operations, and a schedule adds a little (partial sums, tile remainders).
 DEFAULT_MARGIN = 0.25
-
-# The line a scattered store moves (x86-64 and AArch64 CPUs alike).
-CACHE_LINE_BYTES = 64
 
 
 @dataclass(frozen=True)

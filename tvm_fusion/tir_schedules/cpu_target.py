@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 import tvm
 from tvm.target import codegen
 
+from ..target import host_cpu
+
 KIB = 1024
 _FLOAT16 = ("float16", "bfloat16")
 
@@ -56,6 +58,7 @@ CACHES: dict[str, tuple[Cache, Cache]] = {
     **{cpu: (Cache(128 * KIB, 8), Cache(4096 * KIB, 16)) for cpu in ("apple-m1", "apple-m2")},
 }
 DEFAULT_CACHES = (Cache(32 * KIB, 8), Cache(512 * KIB, 8))
+CACHE_LINE_BYTES = 64  # x86-64 and the AArch64 cores above alike
 
 # The GEMM register tile (rows × columns of C) per ISA: the shapes of MLAS's and BLIS's
 # kernels, checked by the register model of `shared/specs/cpu-gemm.md` §1.1 (accumulators +
@@ -142,11 +145,10 @@ class CpuParams:
         in one L1 set: a weight read in place by the micro-kernel's MR rows whose row length
         is a multiple of the L1's way size (4 KiB: 1,024 floats, a 1×1 conv over 1,024
         channels) puts every row's line in the same set."""
-        line = 64
-        sets = max(1, self.l1d_bytes // (max(self.l1d_ways, 1) * line))
+        sets = max(1, self.l1d_bytes // (max(self.l1d_ways, 1) * CACHE_LINE_BYTES))
         counts: dict[int, int] = {}
         for r in range(rows):
-            key = (r * stride // line) % sets
+            key = (r * stride // CACHE_LINE_BYTES) % sets
             counts[key] = counts.get(key, 0) + 1
         return max(counts.values(), default=0)
 
@@ -182,12 +184,7 @@ def _simd_params(target: tvm.target.Target, cores: int) -> CpuParams:
     if triple.startswith(("arm", "riscv", "wasm")):
         return CpuParams(4, 12, cores)
     if _has(target, "avx512f"):
-        mcpu = str(attrs["mcpu"]) if "mcpu" in attrs else ""
-        if not mcpu:
-            try:
-                mcpu = str(codegen.llvm_get_system_cpu())
-            except Exception:  # noqa: BLE001 (a TVM without LLVM)
-                mcpu = ""
+        mcpu = str(attrs["mcpu"]) if "mcpu" in attrs else host_cpu()
         loads = 2.0 / FMA512_PER_CYCLE.get(mcpu, 2)  # two loads a cycle
         return CpuParams(16, 24, cores, native_fp16=_has(target, "avx512fp16"), isa="avx512",
                          vector_registers=32, loads_per_fma=loads)

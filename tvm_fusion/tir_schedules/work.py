@@ -22,6 +22,7 @@ from .. import symbolic
 from ..tir_utils import buffer_loads
 from .analysis import expr_cost
 from .attention_match import substitute
+from .cpu_target import CACHE_LINE_BYTES
 
 __all__ = ["Work", "executed_work", "recomputed_blocks", "scattered_stores"]
 
@@ -120,7 +121,8 @@ def recomputed_blocks(func: tirx.PrimFunc) -> list[tuple[str, float]]:
     return found
 
 
-def scattered_stores(func: tirx.PrimFunc, line_bytes: int = 64) -> tuple[int, int]:
+def scattered_stores(func: tirx.PrimFunc, line_bytes: int = CACHE_LINE_BYTES
+                     ) -> tuple[int, int]:
     """``(stores, elements)``: executed stores into ``func``'s parameters (its outputs) whose
     innermost enclosing loop steps the stored address by a cache line or more, and the elements
     of the buffers they store to. A layout copy composed into a tile's write-back (a GEMM tile
@@ -179,4 +181,3 @@ def scattered_stores(func: tirx.PrimFunc, line_bytes: int = 64) -> tuple[int, in
 
     visit(func.body, [], {})
     return total, sum(symbolic.numel(b.shape) or 0 for b in scattered)
-    return total

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
+import re
 import tarfile
 import threading
 import time
@@ -92,12 +92,13 @@ def _records(work_dir) -> list[str]:
 
 
 def _interleaved_latency(executables, x, farm, target, rounds=3):
-    """Median per executable, the builds timed in turns on the farm (load hits all alike)."""
+    """Fastest sample per executable, the builds timed in turns on the farm: load only slows
+    a sample, and the farm's two servers on two shared cores gave medians 2x apart."""
     samples = [[] for _ in executables]
     for _ in range(rounds):
         for i, ex in enumerate(executables):
             samples[i] += T.remote_latency(ex, [x], farm.tracker, KEY, target, repeat=5)
-    return [statistics.median(s) for s in samples]
+    return [min(s) for s in samples]
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -163,7 +164,17 @@ def test_tune_end_to_end_then_compile_tuned(farm2, model_path, tmp_path, capsys)
           f"{compile_s:.1f} s")
     assert applied == {choice["name"]: choice["choice"]}
     assert t_tuned < 0.5 * t_unsched  # tuning the fused kernel pays
-    assert t_tuned <= 1.25 * t_hand  # never slower than the untuned build (shared-machine noise)
+    if choice["choice"] == "hand":
+        # Tuning lost to the hand schedule, so the tuned build is the hand build, code for code:
+        # exact, where two timings on a shared 2-core farm differed by 2x (CI, 2026-11-27).
+        assert _llvm_ir(tuned) == _llvm_ir(hand)
+    else:
+        assert t_tuned <= 1.25 * t_hand  # never slower than the untuned build (farm noise)
+
+
+def _llvm_ir(executable) -> list[str]:
+    """The build's LLVM IR, less the buffer addresses that name its alias-analysis nodes."""
+    return [re.sub(r"0x[0-9a-f]+", "0x", m.inspect_source("ll")) for m in executable.mod.imports]
 
 
 # ----------------------------------------------------------------------------- faults

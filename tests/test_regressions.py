@@ -5,6 +5,8 @@ with the seed that gives its input values, the options, whether edge values are 
 it was kept for, and ``cause``. A sidecar with ``"xfail": true`` is a bug not fixed yet: the test
 is an xfail naming the cause while the case fails; once fixed it passes: drop the flag then,
 so that a relapse fails. ``"timeout_s"`` bounds a case kept for a compile-time blow-up.
+``"no_fallback": true`` marks a case kept because a schedule failed and fell back to plain
+loops (right values, slow kernels): it must schedule without a ``ScheduleFailedWarning``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def test_regression(path, worker):
     assert outcome.cls == "ok", (
         f"{path.name}: {outcome.cls} ({outcome.stage}): {outcome.error}; kept for "
         f"{side.get('class')}: {side.get('cause')}")
+    if side.get("no_fallback"):
+        assert not outcome.fallbacks, f"{path.name}: {outcome.fallbacks}; kept for: {side['cause']}"
 
 
 def test_every_regression_has_a_sidecar_with_a_cause():

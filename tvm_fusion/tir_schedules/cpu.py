@@ -19,9 +19,11 @@ Every stage records a one-line note (``tvm_fusion.schedule`` on the function).
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import s_tir
+from tvm.s_tir import SBlockRealize
 
-from ..tir_utils import const_int
+from ..tir_utils import buffer_loads, const_int, find_all
 from .analysis import BlockFacts, block_facts, index_uses, param_names, root_block
 from .cpu_target import CpuParams
 from .cpu_tile import (
@@ -212,7 +214,23 @@ def _recomputes(sch: s_tir.Schedule, block_rv, loop) -> bool:
         trial.compute_at(block_rv, loop, preserve_unit_loops=True)
     except s_tir.ScheduleError:
         return False  # the real attempt fails the same way and handles it
+    except tvm.error.InternalError:
+        return True  # no bound for the region (a data-dependent index, take's): stays at the root
+    if _region_reads_buffers(trial, block_rv):
+        return True
     return work(trial, block_rv) > RECOMPUTE_LIMIT * max(before, 1)
+
+
+def _region_reads_buffers(sch: s_tir.Schedule, block_rv) -> bool:
+    """True when the attached block's iterations are bound by loads (a reduction feeding a
+    take per row: ``in1_red[min(max(0, where[i]), 2)]``): TVM places it first in the row,
+    before the stage that writes those indices (the build fails: "used before its
+    definition"), and the region's size is data, not a row's share."""
+    name = sch.get(block_rv).name_hint
+    for realize in find_all(sch.mod["main"].body, SBlockRealize):
+        if realize.block.name_hint == name:
+            return any(buffer_loads(value) for value in realize.iter_values)
+    return False
 
 
 def _shallowest_same_work(sch: s_tir.Schedule, block_rv, loops: list, depth: int) -> int:
@@ -228,7 +246,7 @@ def _shallowest_same_work(sch: s_tir.Schedule, block_rv, loops: list, depth: int
         trial = sch.copy()
         try:
             trial.compute_at(block_rv, loops[at], preserve_unit_loops=True)
-        except s_tir.ScheduleError:
+        except (s_tir.ScheduleError, tvm.error.InternalError):
             return None
         extents = [loop_extent(trial, lp) for lp in trial.get_loops(block_rv)[at + 1:]]
         return None if None in extents else int(np.prod(extents, dtype=np.int64))

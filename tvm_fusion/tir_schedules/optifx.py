@@ -35,7 +35,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..tir_utils import find_all, iter_sblocks
-from .analysis import BlockFacts, block_facts, root_block
+from .analysis import BlockFacts, block_facts, root_block, uses_var
 from .cpu_target import CpuParams
 from .cpu_tile import (
     WINDOW_REGISTERS,
@@ -86,8 +86,13 @@ def chain_stages(sch: s_tir.Schedule) -> ChainStages | None:
 
 
 def _is_region(f: BlockFacts) -> bool:
-    """A 4-D NCHW window reduction (conv, depthwise conv, pool)."""
-    return len(f.spatial) == 4 and len(f.write_indices) == 4 and len(f.reduce) in (2, 3)
+    """A 4-D NCHW window reduction (conv, depthwise conv, pool): some read slides a window,
+    an index of an output position plus a reduction offset (``h * s + kh``). A mean or
+    variance over H and W (instance norm) has the same loop shape but no window."""
+    if len(f.spatial) != 4 or len(f.write_indices) != 4 or len(f.reduce) not in (2, 3):
+        return False
+    return any(uses_var(ix, s) and uses_var(ix, r)
+               for read in f.reads for ix in read.indices for s in f.spatial for r in f.reduce)
 
 
 def is_conv_chain(func: tirx.PrimFunc) -> bool:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
+from ..tir_utils import find_all
+
 __all__ = ["BindCompoundExtents", "compound_extent"]
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -36,8 +38,9 @@ def BindCompoundExtents() -> tvm.transform.Pass:  # noqa: N802 (a pass construct
         for gvar, func in mod.functions.items():
             if not isinstance(func, relax.Function) or not _has_compound(func):
                 continue
+            rename = _Rename(mod)
             try:
-                renamed = _Rename(mod).visit_expr(func)
+                renamed = rename.visit_expr(func)
             except Exception:  # noqa: BLE001 (an operator that will not take the renamed shape)
                 continue
             trial = out.clone()
@@ -46,7 +49,8 @@ def BindCompoundExtents() -> tvm.transform.Pass:  # noqa: N802 (a pass construct
             # (``v + c``) beside one that reads the cast (``n``), and an operator that cannot
             # prove ``n == v + c`` (a matmul's batch) infers no shape at all
             if relax.analysis.check_well_formed(trial) and (
-                    _shapeless(renamed) <= _shapeless(func)):
+                    _shapeless(renamed) <= _shapeless(func)) and not _computes_with(
+                    renamed, [n for _, _, n in rename.names]):
                 out = trial
         return out
 
@@ -67,6 +71,27 @@ def _shapeless(func: relax.Function) -> int:
     """Bindings of a tensor whose shape is unknown (``R.Tensor(ndim=3)``)."""
     return sum(isinstance(b.var.ty, relax.TensorType) and b.var.ty.shape is None
                for block in func.body.blocks for b in block.bindings)
+
+
+def _computes_with(func: relax.Function, names: list) -> bool:
+    """Whether a shape computes with a new size (a split's ``n - 3``) instead of being it.
+    The kernel keeps ``n - 3`` while ``CanonicalizeBindings`` turns Relax's into ``v - 1``
+    (``n`` = ``v + 2``), and FuseTIR, matching its parameters' shapes term by term, fails on
+    ``3`` against ``1`` (fuzzer seed 259: Pad, Slice, Split over a symbolic batch)."""
+    def dims(ty):
+        if isinstance(ty, relax.TupleType):
+            return [d for field in ty.fields for d in dims(field)]
+        return _shape(ty) or []
+
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            for dim in dims(binding.var.ty):
+                if isinstance(dim, tvm.ir.Var):
+                    continue
+                used = find_all(dim, tvm.ir.Var)
+                if any(u.same_as(n) for u in used for n in names):
+                    return True
+    return False
 
 
 def _shape(ty):

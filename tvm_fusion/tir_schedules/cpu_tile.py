@@ -407,7 +407,9 @@ def fold_epilogue_chain(sch: s_tir.Schedule, wb, ready: set[str], trial: bool = 
             try:
                 _hide_reads(step, consumers[0], ready)
                 step.reverse_compute_inline(consumers[0])
-            except s_tir.ScheduleError:
+            except (s_tir.ScheduleError, tvm.error.InternalError):
+                # InternalError: TVM's inliner on a fenced quantize over a symbolic mean
+                # (``x * mean / float(N)``, fuzzer seed 683): "Cannot dispatch a null expression"
                 return fused, [consumers[0]]
         fused.append(cf.name)
 

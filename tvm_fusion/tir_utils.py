@@ -89,6 +89,15 @@ def has_extern_call(node) -> bool:
     return False
 
 
+def substitute(expr, mapping: dict):
+    """``expr`` with the variables of ``mapping`` (keys: the ``Var`` objects) replaced."""
+    if not mapping:
+        return expr
+    handles = {var.__chandle__(): value for var, value in mapping.items()}
+    return tvm_ffi.structural_map(
+        expr, [(tvm.ir.Var, lambda var: handles.get(var.__chandle__(), var))])
+
+
 def buffer_loads(node) -> list:
     """Every buffer load (``ir.TensorLoad`` in 0.27; its buffer is ``.source``) under ``node``."""
     return find_all(node, tvm.ir.expr.TensorLoad)

@@ -50,14 +50,13 @@ from tvm.s_tir import SBlock, SBlockRealize
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
-from ..tir_utils import buffer_loads, find_all
+from ..tir_utils import buffer_loads, find_all, substitute
 from .attention_match import (
     F32,
     AttentionPattern,
     NotAttention,
     free_vars,
     match_attention,
-    substitute,
 )
 from .constant_mask import inline_causal_masks
 from .cpu_target import CpuParams

@@ -33,14 +33,14 @@ from tvm import sym, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir import SBlockRealize
 
-from ..tir_utils import buffer_loads, find_all, iter_sblocks
+from ..tir_utils import buffer_loads, find_all, iter_sblocks, substitute
 
 _SPATIAL, _REDUCE = 0, 2
 F32 = "float32"
 
 __all__ = ["AttentionPattern", "Contraction", "NotAttention", "contraction_roles", "free_vars",
            "is_pure_cast", "is_row_softmax", "loads_of", "match_attention", "promote_f32",
-           "simplify_index", "simplify_loads", "substitute"]
+           "simplify_index", "simplify_loads"]
 
 
 class NotAttention(ValueError):
@@ -109,13 +109,6 @@ class AttentionPattern:
 
 
 # ------------------------------------------------------------------------- expression helpers
-
-
-def substitute(expr, mapping: dict):
-    """``expr`` with the variables of ``mapping`` replaced (keys are Var objects)."""
-    if not mapping:
-        return expr
-    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, lambda v: mapping.get(v, v))])
 
 
 def free_vars(expr) -> list:

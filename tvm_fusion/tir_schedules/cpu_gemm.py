@@ -39,7 +39,14 @@ from tvm import s_tir, sym, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir import SBlock
 
-from ..tir_utils import buffer_loads, buffer_stores, const_int, find_all, iter_sblocks
+from ..tir_utils import (
+    buffer_loads,
+    buffer_stores,
+    const_int,
+    find_all,
+    iter_sblocks,
+    substitute,
+)
 from .analysis import param_names, root_block, stride_in_last_dim, uses_var, written_only_before
 from .cpu_target import CpuParams
 from .cpu_tile import PACKED_GEMM_STAGE, fold_epilogue_chain
@@ -405,10 +412,10 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         return out
 
     def bind(pairs) -> dict:
-        return {var.__chandle__(): value for var, value in pairs}
+        return dict(pairs)
 
     def load_x(m, kk):
-        return _substitute(match.x, bind([*zip(row_vars, unravel(m)), (match.k, kk),
+        return substitute(match.x, bind([*zip(row_vars, unravel(m)), (match.k, kk),
                                           *per_image]))
 
     load_a, prologue = load_x, []
@@ -449,8 +456,8 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
     def final(m, jj, acc):
         mapping = at(m, jj)
         value = _replace_loads(store.value, match.acc, acc)
-        return tirx.BufferStore(store.buffer, _substitute(value, mapping),
-                                [_substitute(i, mapping) for i in store.indices])
+        return tirx.BufferStore(store.buffer, substitute(value, mapping),
+                                [substitute(i, mapping) for i in store.indices])
 
     partial = None
     if str(store.buffer.ty.dtype) != "float32":
@@ -462,7 +469,7 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         if partial is not None:
             return partial, [m, jj]
         mapping = at(m, jj)
-        return store.buffer, [_substitute(i, mapping) for i in store.indices]
+        return store.buffer, [substitute(i, mapping) for i in store.indices]
 
     b_bytes = tvm.DataType(str(match.bp.ty.dtype)).bits // 8
     mr, _ = params.gemm_tile(match.nr, widened=b_bytes != 4,
@@ -477,11 +484,11 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         ivs = [iv.var for iv in packer.iter_vars]
 
         def pack_b(panel, kk, lane):
-            return _substitute(store_p.value, bind([*zip(ivs[len(loops):], (panel, kk, lane)),
+            return substitute(store_p.value, bind([*zip(ivs[len(loops):], (panel, kk, lane)),
                                                     *per_image]))
 
     def load_b(panel, kk, col):
-        return _substitute(match.load_b(panel, kk, col), bind(per_image))
+        return substitute(match.load_b(panel, kk, col), bind(per_image))
     spec = Gemm(const_int(rows) if const_int(rows) is not None else rows, n, k, load_a,
                 load_b, partial_at, final, widened=b_bytes != 4, pack_b=pack_b)
     nest = emit_gemm(spec, blocking, params.cores)
@@ -535,12 +542,6 @@ def _product(extents: list):
     for extent in extents:
         total = total * extent
     return sym.Analyzer().simplify(total)
-
-
-def _substitute(expr, mapping: dict):
-    def visit(var):
-        return mapping.get(var.__chandle__(), var)
-    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, visit)])
 
 
 def _replace_loads(expr, buffer, value):

@@ -21,12 +21,11 @@ at either end under the original test. The values stored are the same.
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 from tvm import sym, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir import SBlockRealize
 
-from ..tir_utils import const_int
+from ..tir_utils import const_int, substitute
 from .analysis import uses_any
 
 
@@ -38,14 +37,6 @@ def _clauses(cond) -> list:
     if isinstance(cond, tirx.And):
         return _clauses(cond.a) + _clauses(cond.b)
     return [cond]
-
-
-def _substitute(expr, mapping: dict):
-    handles = {var.__chandle__(): value for var, value in mapping.items()}
-
-    def visit(var):
-        return handles.get(var.__chandle__(), var)
-    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, visit)])
 
 
 def _conjunction(clauses: list):
@@ -126,7 +117,7 @@ def _rewrite(loop: tirx.For) -> tirx.Stmt | None:
         mapping = {**lead, v_ph: ph, v_q: q}
 
         def sub(expr):
-            return _substitute(expr, mapping)
+            return substitute(expr, mapping)
         return sub, [sub(i) for i in store.indices]
 
     def tested(ph, q):

@@ -46,11 +46,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import tvm
-import tvm_ffi
 from tvm import sym, tirx
 from tvm.ir.expr import TensorLoad
 
-from ..tir_utils import const_int
+from ..tir_utils import const_int, substitute
 from .analysis import uses_any
 
 _F32 = "float32"
@@ -560,7 +559,7 @@ def split_gather(value, outer, k: tirx.Var, lane: tirx.Var | None = None):
             variables = names[name] if isinstance(names[name], tuple) else (names[name],)
             for term, scale in parts[name]:
                 for var, value_ in zip(variables, values):
-                    term = _substitute(term, var, value_)
+                    term = substitute(term, {var: value_})
                 total = total + (term if scale == 1 else term * tirx.const(scale, "int64"))
             return total
         return of
@@ -596,12 +595,6 @@ def _terms(expr, scale: int) -> list:
     if const_int(expr) is not None:
         return [(_i64(const_int(expr)), scale)]
     return [(expr, scale)]
-
-
-def _substitute(expr, var, value):
-    def visit(node):
-        return value if node.same_as(var) else node
-    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, visit)])
 
 
 def _le(rows, limit: int):

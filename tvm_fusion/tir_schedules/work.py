@@ -19,9 +19,8 @@ import tvm
 from tvm import s_tir, sym, tirx
 
 from .. import symbolic
-from ..tir_utils import buffer_loads
+from ..tir_utils import buffer_loads, substitute
 from .analysis import expr_cost
-from .attention_match import substitute
 from .cpu_target import CACHE_LINE_BYTES
 
 __all__ = ["Work", "executed_work", "recomputed_blocks", "scattered_stores"]

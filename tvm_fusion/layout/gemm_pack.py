@@ -1149,5 +1149,6 @@ def PackMatmulWeights(target: tvm.target.Target,  # noqa: N802 (a pass)
 
 
 __all__ = ["PACKED_GEMM", "ConvGemm", "DepthFold", "PackMatmulWeights", "TransposedConv",
-           "channels_in_lanes", "conv2d_gemm", "conv2d_transpose_gemm", "fold_conv3d", "pack_weight",
-           "packed_matmul", "panel_width", "plan_conv_gemm"]
+           "channels_in_lanes", "conv2d_gemm", "conv2d_transpose_gemm", "fold_conv3d",
+           "grouped_conv2d_lanes", "pack_weight", "packed_matmul", "panel_width",
+           "plan_conv_gemm"]

@@ -222,8 +222,12 @@ def _window_rows(facts: BlockFacts, live, movers, vectors: int, params: CpuParam
         return None, 1
     row = live[-2]
     window = [k for k in facts.reduce if facts.extents[k.name] > 1]
-    if not all(any(index_uses([ix], row) and any(index_uses([ix], k) for k in window)
-                   for ix in r.indices) for r in movers):
+    # (a weight vector that does not move with the row, as a channels-in-lanes depthwise
+    # conv's ``w[block, kh, kw, lane]``, is the same for every row of the tile)
+    sliding = [r for r in movers if index_uses(r.indices, row)]
+    if not sliding or not all(any(index_uses([ix], row) and any(index_uses([ix], k)
+                                                               for k in window)
+                                  for ix in r.indices) for r in sliding):
         return None, 1
     budget = window_registers(params) if whole else WINDOW_REGISTERS
     rows = largest_divisor(facts.extents[row.name], max(1, budget // vectors))

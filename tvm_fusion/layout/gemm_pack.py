@@ -52,6 +52,12 @@ channel range of the input (both with a static batch). A 3-D (NCDHW) conv is rea
 conv of this GEMM (:func:`fold_conv3d`): a temporal ``kd×1×1`` conv over ``D`` rows of ``H·W``,
 any other over one image per output depth whose channels are the input's × the ``kd`` taps
 in depth.
+
+A grouped or depthwise conv too narrow or short for a GEMM per group keeps the direct conv,
+except where its output row would fill at most half of a register and its channels fill
+whole ones (7×7 maps on AVX-512): then a register of output channels is the vector axis
+(:func:`grouped_conv2d_lanes`, :func:`depthwise_conv2d_lanes`), the weight laid out for it
+here, the way ONNX Runtime's NCHWc kernels compute them.
 """
 
 from __future__ import annotations

@@ -52,6 +52,12 @@ channel range of the input (both with a static batch). A 3-D (NCDHW) conv is rea
 conv of this GEMM (:func:`fold_conv3d`): a temporal ``kd×1×1`` conv over ``D`` rows of ``H·W``,
 any other over one image per output depth whose channels are the input's × the ``kd`` taps
 in depth.
+
+A grouped or depthwise conv too narrow or short for a GEMM per group keeps the direct conv,
+except where its output row would fill at most half of a register and its channels fill
+whole ones (7×7 maps on AVX-512): then a register of output channels is the vector axis
+(:func:`grouped_conv2d_lanes`, :func:`depthwise_conv2d_lanes`), the weight laid out for it
+here, the way ONNX Runtime's NCHWc kernels compute them.
 """
 
 from __future__ import annotations
@@ -354,6 +360,122 @@ def _plan_by_columns(shape: list[int], kernel: tuple[int, int], strides: tuple[i
         return ConvGemm(kernel, strides, padding, dilation, out_h, out_w, nr, flat,
                         gathered=True)
     return best
+
+
+def channels_in_lanes(shape: list[int], kernel: tuple[int, int], strides: tuple[int, int],
+                      padding: tuple[int, int, int, int], dilation: tuple[int, int],
+                      per_group: int, params: CpuParams) -> bool:
+    """Whether a grouped NCHW conv (a static batch, too narrow or short a group for a GEMM
+    per group) should vectorise its output channels instead of its output row
+    (:func:`grouped_conv2d_lanes`): its channels per group fill whole registers, its output
+    row fills at most half of the registers the direct conv's tile would load it in, and an
+    output row or column gives a register tile (``rows`` × the channel vectors within the
+    tile budget). ResNeXt-50's last grouped 3×3 (32 channels a group, 7×7 map) on AVX-512:
+    7 of 16 lanes as rows, 2 whole registers × 7 positions as channels. AVX2's 7 of 8 lanes
+    keep the row (its 12 accumulator registers hold 3 tiles of 2 vectors: no divisor of 7)."""
+    from ..tir_schedules.loops import lane_use, largest_divisor, pick_vector_tile
+
+    lanes = params.lanes
+    if per_group % lanes or any(not isinstance(d, int) for d in shape):
+        return False
+    kh, kw = kernel
+    out_h = (shape[2] + padding[0] + padding[2] - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    out_w = (shape[3] + padding[1] + padding[3] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    if out_h <= 0 or out_w <= 0:
+        return False
+    if lane_use(pick_vector_tile(out_w, lanes), lanes) > 0.5:
+        return False
+    vectors = (pick_vector_tile(per_group, lanes) or lanes) // lanes
+    rows = max(largest_divisor(out_h, params.registers // vectors),
+               largest_divisor(out_w, params.registers // vectors))
+    return rows > 1
+
+
+def grouped_conv2d_lanes(x: te.Tensor, w: te.Tensor, strides: tuple[int, int],
+                         padding: tuple[int, int, int, int], dilation: tuple[int, int]):
+    """A grouped NCHW conv with the output channels of a group as the vector axis: the weight
+    (packed at compile time) is ``w[group, c, kh, kw, channel in group]``, each input value is
+    one broadcast reused across a vector of channels, and the tile's register axis is an
+    output row or column (``cpu_tile.plan_tile`` finds both). The sums are stored to NCHW by a
+    permuting stage, which the tile folds into its write-back::
+
+        acc[b, g, oh, ow, o] = Σ x_pad[b, g·C + c, oh·sh + r·dh, ow·sw + s·dw] · w[g, c, r, s, o]
+        y[b, g·N + o, oh, ow] = acc[b, g, oh, ow, o]
+    """
+    batch, _, height, width = (int(d) for d in x.shape)
+    groups, channels, kh, kw, per_group = (int(d) for d in w.shape)
+    top, left, bottom, right = padding
+    out_h = (height + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    out_w = (width + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    padded = x
+    if any(padding):
+        padded = te.compute((batch, groups * channels, height + top + bottom,
+                             width + left + right),
+                            _zero_padded(x, top, left, height, width), name="pad_temp")
+    c = te.reduce_axis((0, channels), name="rc")
+    r = te.reduce_axis((0, kh), name="ry")
+    s = te.reduce_axis((0, kw), name="rx")
+    acc = te.compute(
+        (batch, groups, out_h, out_w, per_group),
+        lambda b, g, oh, ow, o: te.sum(
+            _widen(padded[b, g * channels + c, oh * strides[0] + r * dilation[0],
+                          ow * strides[1] + s * dilation[1]]) * w[g, c, r, s, o],
+            axis=[c, r, s]), name="group_conv2d_lanes")
+    return te.compute((batch, groups * per_group, out_h, out_w),
+                      lambda b, co, oh, ow: acc[b, co // per_group, oh, ow, co % per_group],
+                      name="group_conv2d_nchw")
+
+
+def depthwise_in_lanes(shape: list[int], kernel: tuple[int, int], strides: tuple[int, int],
+                       padding: tuple[int, int, int, int], dilation: tuple[int, int],
+                       params: CpuParams) -> bool:
+    """Whether a depthwise NCHW conv (a static shape) should vectorise its channels
+    (:func:`depthwise_conv2d_lanes`): they fill whole registers and its output row fills at
+    most half of the register the direct conv's window rows would load it in (ConvNeXt's
+    7×7 depthwise conv at 7×7: 7 of AVX-512's 16 lanes, each row loaded as 4 + 2 + 1 pieces;
+    AVX2's 7 of 8 keep the row)."""
+    from ..tir_schedules.loops import lane_use, pick_vector_tile
+
+    lanes = params.lanes
+    if shape[1] % lanes or any(not isinstance(d, int) for d in shape):
+        return False
+    kw = kernel[1]
+    out_w = (shape[3] + padding[1] + padding[3] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    return out_w > 1 and lane_use(pick_vector_tile(out_w, lanes), lanes) <= 0.5
+
+
+def depthwise_conv2d_lanes(x: te.Tensor, w: te.Tensor, strides: tuple[int, int],
+                           padding: tuple[int, int, int, int], dilation: tuple[int, int]):
+    """A depthwise NCHW conv with a register of channels as the vector axis, as ONNX Runtime's
+    NCHWc kernels compute it: the input copied once, zero-padded, into blocks of ``lanes``
+    channels (``x_lanes[b, block, h, w, lane]``), the weight packed at compile time as
+    ``w[block, kh, kw, lane]``, every load a whole register. The window rows of the tile are
+    consecutive output columns (their windows overlap: unrolled, they share the loads); the
+    sums are stored to NCHW by a permuting stage folded into the write-back::
+
+        acc[b, k, oh, ow, l] = Σ x_lanes[b, k, oh·sh + r·dh, ow·sw + s·dw, l] · w[k, r, s, l]
+        y[b, k·L + l, oh, ow] = acc[b, k, oh, ow, l]
+    """
+    batch, channels, height, width = (int(d) for d in x.shape)
+    blocks, kh, kw, lanes = (int(d) for d in w.shape)
+    top, left, bottom, right = padding
+    out_h = (height + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
+    out_w = (width + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    pad = _zero_padded(x, top, left, height, width)
+    x_lanes = te.compute((batch, blocks, height + top + bottom, width + left + right, lanes),
+                         lambda b, k, h, col, lane: pad(b, k * lanes + lane, h, col),
+                         name="pad_lanes")
+    r = te.reduce_axis((0, kh), name="ry")
+    s = te.reduce_axis((0, kw), name="rx")
+    acc = te.compute(
+        (batch, blocks, out_h, out_w, lanes),
+        lambda b, k, oh, ow, lane: te.sum(
+            _widen(x_lanes[b, k, oh * strides[0] + r * dilation[0],
+                           ow * strides[1] + s * dilation[1], lane]) * w[k, r, s, lane],
+            axis=[r, s]), name="depthwise_conv2d_lanes")
+    return te.compute((batch, channels, out_h, out_w),
+                      lambda b, c, oh, ow: acc[b, c // lanes, oh, ow, c % lanes],
+                      name="depthwise_conv2d_nchw")
 
 
 class _RowOfNcw:
@@ -918,7 +1040,26 @@ class _Packer(relax.PyExprMutator):
         kc, _ = self.params.gemm_blocks(*self.params.gemm_tile())
         if groups > 1 and (min(channels, n) < 2 * self.params.lanes
                            or channels * kh * kw < 2 * kc):
-            return call
+            if len(padding) == 2:
+                padding = padding * 2
+            if not one_d and n == 1 and channels == 1 and depthwise_in_lanes(
+                    shape, (kh, kw), strides, tuple(padding), dilation, self.params):
+                self.packed += 1  # the weight laid out [channel block, kh, kw, lane]
+                lanes = self.params.lanes
+                w_lanes = np.ascontiguousarray(
+                    w_np.reshape(groups // lanes, lanes, kh, kw).transpose(0, 2, 3, 1))
+                return self.builder_.call_te(
+                    depthwise_conv2d_lanes, x, relax.const(w_lanes), strides,
+                    tuple(padding), dilation, primfunc_name_hint="depthwise_conv2d_lanes")
+            if one_d or not channels_in_lanes(shape, (kh, kw), strides, tuple(padding),
+                                              dilation, n, self.params):
+                return call
+            self.packed += 1  # the weight laid out [group, c, kh, kw, channel in group]
+            lanes_w = np.ascontiguousarray(
+                w_np.reshape(groups, n, channels, kh, kw).transpose(0, 2, 3, 4, 1))
+            return self.builder_.call_te(
+                grouped_conv2d_lanes, x, relax.const(lanes_w), strides, tuple(padding),
+                dilation, primfunc_name_hint="group_conv2d_lanes")
         if len(padding) == 2:
             padding = padding * 2
         shape[1] = channels
@@ -1075,5 +1216,7 @@ def PackMatmulWeights(target: tvm.target.Target,  # noqa: N802 (a pass)
 
 
 __all__ = ["PACKED_GEMM", "ConvGemm", "DepthFold", "PackMatmulWeights", "TransposedConv",
-           "conv2d_gemm", "conv2d_transpose_gemm", "fold_conv3d", "pack_weight",
-           "packed_matmul", "panel_width", "plan_conv_gemm"]
+           "channels_in_lanes", "conv2d_gemm", "conv2d_transpose_gemm", "depthwise_conv2d_lanes",
+           "depthwise_in_lanes", "fold_conv3d",
+           "grouped_conv2d_lanes", "pack_weight", "packed_matmul", "panel_width",
+           "plan_conv_gemm"]

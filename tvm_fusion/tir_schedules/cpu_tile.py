@@ -166,7 +166,8 @@ def plan_tile(facts: BlockFacts, shapes: dict, params: CpuParams) -> TilePlan | 
                 taps *= facts.extents[k.name]
             accumulators = rows * registers
             unroll = (2 * accumulators < params.vector_registers
-                      and taps * accumulators <= WINDOW_UNROLL_FMAS)
+                      and taps * accumulators <= WINDOW_UNROLL_FMAS
+                      and not _pieces_apart(facts, row, movers, wvt, params))
             return TilePlan(kind, v.name, wvt, v_fused, row.name, rows, False, u_window=True,
                             piece=piece, unroll_window=unroll)
     u_stationary = _u_stationary(facts, v_fused, v_extent, u, vt, rt, movers, others, shapes)
@@ -221,12 +222,40 @@ def _window_rows(facts: BlockFacts, live, movers, vectors: int, params: CpuParam
         return None, 1
     row = live[-2]
     window = [k for k in facts.reduce if facts.extents[k.name] > 1]
-    if not all(any(index_uses([ix], row) and any(index_uses([ix], k) for k in window)
-                   for ix in r.indices) for r in movers):
+    # (a weight vector that does not move with the row, as a channels-in-lanes depthwise
+    # conv's ``w[block, kh, kw, lane]``, is the same for every row of the tile)
+    sliding = [r for r in movers if index_uses(r.indices, row)]
+    if not sliding or not all(any(index_uses([ix], row) and any(index_uses([ix], k)
+                                                               for k in window)
+                                  for ix in r.indices) for r in sliding):
         return None, 1
     budget = window_registers(params) if whole else WINDOW_REGISTERS
     rows = largest_divisor(facts.extents[row.name], max(1, budget // vectors))
     return (row, rows) if rows > 1 else (None, 1)
+
+
+def _pieces_apart(facts: BlockFacts, row, movers, vt: int, params: CpuParams) -> bool:
+    """Whether unrolling the window would keep many input vectors live that are each put
+    together from pieces: the row is one partly used register loaded in three or more pieces
+    (14 of AVX-512's 16 lanes: 8 + 4 + 2, inserted into one register) and consecutive output
+    rows read input rows ``stride`` ≥ 2 apart, so the window rows that unrolling shares are
+    few. Unrolled, LLVM hoisted every assembled vector of the
+    7-row tile and spilled them (176 stack accesses beside 175 FMAs): EfficientNet-B0's 5×5/2
+    depthwise conv over 240 channels at 28×28 ran 0.69× ONNX Runtime's speed on Zen 4, rolled
+    0.83×. Stride 1 keeps the unrolled window (ConvNeXt's 7×7 at 7×7, 7 lanes: 0.70× unrolled,
+    0.38× rolled), and so do rows of more than one register (AVX2's 14 lanes: 0.56× unrolled,
+    0.53× rolled) or of two pieces (AVX2's 5 = 4 + 1 lanes of a 15-wide row: 3.9× against
+    3.3×)."""
+    if vt >= params.lanes or bin(vt).count("1") < 3:  # loads of 3+ pieces (8 + 4 + 2)
+        return False
+    for read in movers:
+        for ix in read.indices:
+            if not index_uses([ix], row):
+                continue
+            coeffs = sym.detect_linear_equation(ix, [row])
+            if len(coeffs) == 2 and (const_int(coeffs[0]) or 0) >= 2:
+                return True
+    return False
 
 
 def _row_major_neighbour(facts: BlockFacts, v, movers, shapes):

@@ -1,0 +1,297 @@
+"""QDQ int8 convs with integer sums (x86: AVX512-VNNI ``vpdpbusd``, or ``vpmaddwd``).
+
+A QDQ conv, as ``onnxruntime.quantization.quantize_static(quant_format=QDQ)`` writes it and
+the ONNX frontend imports it::
+
+    y = quantize([relu](conv2d(dequantize(xq, sx, zx), dequantize(Wq, sw, 0)) [+ bias]), sy, zy)
+
+is replaced, before anything folds the weight's dequantize into float32, by one kernel of its
+own (``call_tir`` of a PrimFunc built here, marked scheduled) that reads the int8/uint8
+activation ``xq`` and writes the int8/uint8 ``y``:
+
+1. *Packing* (per call, per image): the input becomes ``sh·sw`` phase planes of its padded
+   map, ``[⌈C/G⌉, sh, sw, Hq, Wq]`` words of ``G`` channels (the padding holds the zero point,
+   the dequantized 0). Tap ``(r, s)`` of output position ``(oh, ow)`` is then word
+   ``base(c, r, s) + oh·Wq + ow`` of that buffer: consecutive output columns read consecutive
+   words, with any stride, dilation or padding (ConvGemm's ``padded_flat`` plan, split into
+   phases for a stride), and no im2col matrix is written.
+2. *GEMM*: rows are the output channels (the weight, packed at compile time in slivers of MR
+   rows, ``Ap[⌈M/MR⌉, K/G, MR]`` words of G int8 weights, K = ⌈C/G⌉·kh·kw groups, channels
+   past C zero), columns the flat positions ``oh·Wq + ow`` in panels of NR; each k step is
+   ``acc[r, :] += dot(B[base(k) + col0 : + NR], broadcast(Ap[.., k, r]))`` in int32 lanes,
+   exact (no saturation), the whole K in registers (no partial sums).
+3. *Epilogue*, vectorised over the panel: ``(acc − zc[co]) · (sx·sw[co]) + bias[co]`` in
+   float32, ReLU, then ONNX's QuantizeLinear (divide by ``sy``, round half to even, add
+   ``zy``, saturate) into a padded int8 tile, cropped to the output (columns ``ow ≥ OW`` of
+   the padded rows and rows/channels past the tails are never stored).
+
+Forms, from the target's features (:func:`form_of`):
+
+* ``vnni`` (AVX512-VNNI): G = 4, u8 × s8 into int32 lanes. An int8 activation ``q`` enters
+  as ``u = q + 128`` (uint8 as it is) and ``Σ w·(q − zx) = Σ w·u − z'·Σ w`` with
+  ``z' = zx + 128`` (or ``zx``): ``zc = z'·Σ w``, a constant per output channel; the padding
+  holds ``u = z'``, whose terms cancel in the same way.
+* ``pmaddwd`` (AVX2, AVX-512 without VNNI): G = 2, s16 pairs summed into int32 (exact). The
+  activation enters as ``q − zx`` (−255..255) and the padding as 0: ``zc = 0``.
+
+AArch64 (``sdot``) keeps the float path for now. Rejected (the float32 packed GEMM, with
+the reason in :func:`plan_int8_convs`): a symbolic shape, groups, a weight zero point other
+than 0, per-channel activation scales, another layout, an intermediate read elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+from tvm.ir.expr import GenericConst
+from tvm.script import tirx as T
+
+from ..tir_schedules.cpu_target import CpuParams, _has, cpu_params
+from ..tir_schedules.records import SCHEDULE_ATTR
+
+INT8_CONV = "conv2d_int8"
+NOTES_ATTR = "tvm_fusion.int8_convs"
+
+# per form: (k values per int32 word, element type of B's lanes, intrinsic by int32 lanes)
+FORMS = {
+    "vnni": (4, "uint8", {16: "llvm.x86.avx512.vpdpbusd.512",
+                          8: "llvm.x86.avx512.vpdpbusd.256"}),
+    "pmaddwd": (2, "int16", {16: "llvm.x86.avx512.pmaddw.d.512", 8: "llvm.x86.avx2.pmadd.wd"}),
+}
+
+
+def form_of(target: tvm.target.Target) -> str | None:
+    """The integer dot product the conv kernel uses on ``target``, or None (float path)."""
+    if target.kind.name != "llvm":
+        return None
+    params = cpu_params(target)
+    if params.isa == "avx512":
+        return "vnni" if _has(target, "avx512vnni") else "pmaddwd"
+    if params.isa == "avx2":
+        return "pmaddwd"
+    return None
+
+
+@dataclass(frozen=True)
+class Int8Conv:
+    """One QDQ conv's static description (NCHW, OIHW, groups 1)."""
+
+    batch: int
+    channels: int
+    height: int
+    width: int
+    out_channels: int
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    padding: tuple[int, int, int, int]  # top, left, bottom, right
+    dilation: tuple[int, int]
+    act_dtype: str  # int8 / uint8
+    out_dtype: str  # int8 / uint8
+    relu: bool
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        (kh, kw), (sh, sw), (dh, dw) = self.kernel, self.strides, self.dilation
+        top, left, bottom, right = self.padding
+        return ((self.height + top + bottom - dh * (kh - 1) - 1) // sh + 1,
+                (self.width + left + right - dw * (kw - 1) - 1) // sw + 1)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    form: str
+    group: int  # k per word
+    lanes: int  # int32 lanes per register
+    mr: int
+    nr: int
+    hq: int  # phase plane height, width
+    wq: int
+    cg: int  # channel groups
+    kg: int  # k groups (words) of the reduction
+    panels: int
+    row_tiles: int
+    words: int  # the packed input's words per image
+
+
+def choose_tiling(conv: Int8Conv, params: CpuParams, form: str) -> Tiling:
+    """The register tile (MR output channels × NR positions) with the least modelled work:
+    padded rows × padded columns, each k step's loads (NR/lanes vectors and MR broadcasts,
+    two a cycle) beside its MR·NR/lanes dot products."""
+    group = FORMS[form][0]
+    lanes = params.lanes
+    sh, sw = conv.strides
+    top, left, bottom, right = conv.padding
+    hp, wp = conv.height + top + bottom, conv.width + left + right
+    hq, wq = -(-hp // sh), -(-wp // sw)
+    out_h, _ = conv.out_hw
+    columns = out_h * wq
+    # pmaddwd's product takes a register before its add
+    temps = 1 if form == "pmaddwd" else 0
+    best = None
+    for nv in range(1, 5):
+        fit = (params.vector_registers - nv - 1 - temps) // nv
+        for mr in range(1, min(fit, 16) + 1):
+            nr = nv * lanes
+            work = (-(-conv.out_channels // mr) * mr) * (-(-columns // nr) * nr)
+            cost = work * max(1.0, (mr + nv) / 2 / (mr * nv)) * (1 + 0.5 / (mr * nv))
+            key = (cost, -mr * nv)
+            if best is None or key < best[0]:
+                best = (key, mr, nr)
+    _, mr, nr = best
+    cg = -(-conv.channels // group)
+    kh, kw = conv.kernel
+    panels = -(-columns // nr)
+    dh, dw = conv.dilation
+    plane = hq * wq
+    reach = max(_offset(r * dh, s * dw, sh, sw, wq, plane, 0) for r in range(kh)
+                for s in range(kw))
+    words = max(cg * sh * sw * plane, (cg - 1) * sh * sw * plane + reach + panels * nr) + 1
+    return Tiling(form, group, lanes, mr, nr, hq, wq, cg, cg * kh * kw, panels,
+                  -(-conv.out_channels // mr), words)
+
+
+def _offset(rr: int, ss: int, sh: int, sw: int, wq: int, plane: int, c: int) -> int:
+    """Word offset of tap (rr, ss) (dilated) of channel group ``c`` in the phase planes."""
+    phase = (c * sh + rr % sh) * sw + ss % sw
+    return phase * plane + (rr // sh) * wq + ss // sw
+
+
+def pack_weight_words(w: np.ndarray, conv: Int8Conv, tiling: Tiling) -> np.ndarray:
+    """``W[M, C, kh, kw]`` int8 as ``Ap[⌈M/MR⌉, K/G, MR]`` int32 words of G weights (k group
+    order: channel group, r, s; channels past C and rows past M zero)."""
+    m, c, kh, kw = w.shape
+    g, mr = tiling.group, tiling.mr
+    cp = tiling.cg * g
+    full = np.zeros((tiling.row_tiles * mr, cp, kh, kw), np.int64)
+    full[:m, :c] = w
+    # [rows, cg, g, kh, kw] -> [rows, cg, kh, kw, g]
+    full = full.reshape(-1, tiling.cg, g, kh, kw).transpose(0, 1, 3, 4, 2)
+    elem = np.int8 if g == 4 else np.int16
+    words = np.ascontiguousarray(full.astype(elem)).view(np.int32).reshape(-1, tiling.kg)
+    return np.ascontiguousarray(words.reshape(tiling.row_tiles, mr, tiling.kg)
+                                .transpose(0, 2, 1))
+
+
+def k_offsets(conv: Int8Conv, tiling: Tiling) -> np.ndarray:
+    """The packed input's word offset of each k group (channel group, r, s)."""
+    (kh, kw), (sh, sw), (dh, dw) = conv.kernel, conv.strides, conv.dilation
+    plane = tiling.hq * tiling.wq
+    return np.array([_offset(r * dh, s * dw, sh, sw, tiling.wq, plane, c)
+                     for c in range(tiling.cg) for r in range(kh) for s in range(kw)],
+                    np.int32)
+
+
+def build_kernel(conv: Int8Conv, tiling: Tiling, zx: int, sy: float, zy: int,
+                 cores: int = 1) -> tirx.PrimFunc:
+    """The kernel: ``(xq, Ap, koff, zc, scale, bias) -> y`` (module docstring)."""
+    group, b_dtype, intrins = FORMS[tiling.form]
+    intrin = intrins[tiling.lanes]
+    lanes, mr, nr = tiling.lanes, tiling.mr, tiling.nr
+    nv = nr // lanes
+    b_lanes = lanes * group
+    bsz, c_in, h_in, w_in = conv.batch, conv.channels, conv.height, conv.width
+    m = conv.out_channels
+    out_h, out_w = conv.out_hw
+    sh, sw = conv.strides
+    top, left, _, _ = conv.padding
+    hq, wq, cg, kg = tiling.hq, tiling.wq, tiling.cg, tiling.kg
+    panels, row_tiles, words = tiling.panels, tiling.row_tiles, tiling.words
+    cols = panels * nr
+    rows = row_tiles * mr
+    vnni = tiling.form == "vnni"
+    act = conv.act_dtype
+    # the packed value of a quantized activation q: u = q + 128 (int8) / q (uint8) for vnni,
+    # q - zx for pmaddwd; and the padding's (the dequantized 0)
+    shift = 128 if (vnni and act == "int8") else 0
+    pad_value = (zx + shift) if vnni else 0
+    lo, hi = (-128, 127) if conv.out_dtype == "int8" else (0, 255)
+    out_dtype = conv.out_dtype
+    relu = conv.relu
+    bits = 32 // group
+    mask = (1 << bits) - 1
+    over_panels = T.parallel if cores > 1 else T.serial
+    planes = cg * sh * sw * hq * wq
+
+    def element(x, b, c, ih, iw):
+        inside = tirx.all(c < c_in, ih >= 0, ih < h_in, iw >= 0, iw < w_in)
+        load = x[b, T.min(c, c_in - 1), T.max(T.min(ih, h_in - 1), 0),
+                 T.max(T.min(iw, w_in - 1), 0)]
+        if vnni:
+            value = T.Cast("int32", load) + shift
+        else:
+            value = T.Cast("int32", load) - zx
+        return T.Select(inside, value, T.int32(pad_value)) & mask
+
+    def word(x, b, g, ph, pw, hh, ww):
+        ih = hh * sh + ph - top
+        iw = ww * sw + pw - left
+        out = element(x, b, g * group, ih, iw)
+        for i in range(1, group):
+            out = out | (element(x, b, g * group + i, ih, iw) << (bits * i))
+        return out
+
+    def dot(acc, b_vec, a_word):
+        a_vec = T.reinterpret(f"{'int8' if vnni else 'int16'}x{b_lanes}",
+                              T.broadcast(a_word, lanes))
+        b_vec = T.reinterpret(f"{b_dtype}x{b_lanes}", b_vec)
+        if vnni:
+            return T.call_llvm_pure_intrin(f"int32x{lanes}", intrin, acc, b_vec, a_vec)
+        return acc + T.call_llvm_pure_intrin(f"int32x{lanes}", intrin, b_vec, a_vec)
+
+    def requant(acc, zc, scale, bias):
+        value = T.Cast("float32", acc - zc) * scale + bias
+        if relu:
+            value = T.max(value, T.float32(0))
+        q = T.round(value / T.float32(sy)) + T.float32(zy)
+        q = T.min(T.max(q, T.float32(lo)), T.float32(hi))
+        return T.Cast(out_dtype, q)
+
+    @T.prim_func
+    def kernel(x: T.Buffer((bsz, c_in, h_in, w_in), act),
+               ap: T.Buffer((row_tiles, kg, mr), "int32"),
+               koff: T.Buffer((kg,), "int32"),
+               zc: T.Buffer((rows,), "int32"),
+               scale: T.Buffer((rows,), "float32"),
+               bias: T.Buffer((rows,), "float32"),
+               y: T.Buffer((bsz, m, out_h, out_w), out_dtype)):
+        T.func_attr({"tirx.noalias": True})
+        xq = T.alloc_buffer((words,), "int32")
+        yp = T.alloc_buffer((rows, cols), out_dtype)
+        for b in range(bsz):
+            for w_i in range(words - planes):
+                xq[planes + w_i] = T.int32(pad_value)
+            for g, ph, pw, hh in T.grid(cg, sh, sw, hq):
+                for ww in T.vectorized(wq):
+                    xq[((g * sh + ph) * sw + pw) * (hq * wq) + hh * wq + ww] = word(
+                        x, b, g, ph, pw, hh, ww)
+            for jp in over_panels(panels):
+                for it in range(row_tiles):
+                    acc = T.alloc_buffer((mr, nr), "int32", scope="local")
+                    for r in T.unroll(mr):
+                        for v in T.unroll(nv):
+                            acc[r, T.ramp(v * lanes, 1, lanes)] = T.broadcast(T.int32(0),
+                                                                              lanes)
+                    for kk in range(kg):
+                        for r in T.unroll(mr):
+                            for v in T.unroll(nv):
+                                acc[r, T.ramp(v * lanes, 1, lanes)] = dot(
+                                    acc[r, T.ramp(v * lanes, 1, lanes)],
+                                    xq[T.ramp(koff[kk] + jp * nr + v * lanes, 1, lanes)],
+                                    ap[it, kk, r])
+                    for r in T.unroll(mr):
+                        for c in T.vectorized(nr):
+                            yp[it * mr + r, jp * nr + c] = requant(
+                                acc[r, c], zc[it * mr + r], scale[it * mr + r],
+                                bias[it * mr + r])
+            for co, oh in T.grid(m, out_h):
+                for ow in T.vectorized(out_w):
+                    y[b, co, oh, ow] = yp[co, oh * wq + ow]
+
+    return kernel.with_attr({"global_symbol": INT8_CONV})
+
+
+__all__ = ["FORMS", "INT8_CONV", "Int8Conv", "Tiling", "build_kernel", "choose_tiling",
+           "form_of", "k_offsets", "pack_weight_words"]

@@ -290,8 +290,241 @@ def build_kernel(conv: Int8Conv, tiling: Tiling, zx: int, sy: float, zy: int,
                 for ow in T.vectorized(out_w):
                     y[b, co, oh, ow] = yp[co, oh * wq + ow]
 
-    return kernel.with_attr({"global_symbol": INT8_CONV})
+    return kernel.without_attr("global_symbol") if "global_symbol" in (kernel.attrs or {}) else kernel
 
 
-__all__ = ["FORMS", "INT8_CONV", "Int8Conv", "Tiling", "build_kernel", "choose_tiling",
+# ------------------------------------------------------------------- the Relax rewrite
+
+def _op(expr) -> str:
+    return getattr(getattr(expr, "op", None), "name", "")
+
+
+def _scalar(expr) -> np.ndarray | None:
+    return expr.value.numpy() if isinstance(expr, GenericConst) else None
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, target: tvm.target.Target, uses: dict):
+        super().__init__(mod)
+        self.target = target
+        self.params = cpu_params(target)
+        self.form = form_of(target)
+        self.uses = uses
+        self.notes: list[str] = []
+        self.count = 0
+
+    def _bound(self, expr):
+        if isinstance(expr, relax.Var):
+            bound = self.lookup_binding(expr)
+            if bound is not None:
+                return bound
+        return expr
+
+    def _single(self, var) -> bool:
+        return not isinstance(var, relax.Var) or self.uses.get(var, 0) <= 1
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 (TVM's visitor)
+        call = self.visit_expr_post_order(call)
+        if _op(call) != "relax.quantize":
+            return call
+        found = self._match(call)
+        if isinstance(found, str):
+            if found:
+                self.notes.append(found)
+            return call
+        return found
+
+    def _match(self, q: relax.Call):
+        """The integer kernel's call for quantize ``q``, a reason (str) where a QDQ conv keeps
+        the float path, or "" where ``q`` quantizes no conv."""
+        value, relu, bias = q.args[0], False, None
+        chain = []
+        node = self._bound(value)
+        if _op(node) == "relax.nn.relu":
+            chain.append(value)
+            relu, value = True, node.args[0]
+            node = self._bound(value)
+        if _op(node) == "relax.add":
+            chain.append(value)
+            a, b = node.args
+            if _op(self._bound(a)) != "relax.nn.conv2d":
+                a, b = b, a
+            value, bias = a, b
+            node = self._bound(value)
+        if _op(node) != "relax.nn.conv2d":
+            return ""
+        chain.append(value)
+        name = f"conv2d {[int(d) for d in node.args[1].ty.shape] if node.args[1].ty.shape is not None else '?'}"
+        dq_x, dq_w = (self._bound(a) for a in node.args)
+        if _op(dq_x) != "relax.dequantize" or _op(dq_w) != "relax.dequantize":
+            return ""  # not a QDQ conv
+        why = self._reject(q, node, dq_x, dq_w, chain)
+        if why:
+            return f"{name}: float path ({why})"
+        bias_v = self._bias(bias, int(node.args[1].ty.shape[0])) if bias is not None else 0.0
+        if bias_v is None:
+            return f"{name}: float path (the added term is not a per-channel constant)"
+        return self._emit(q, node, dq_x, dq_w, relu, bias_v, name)
+
+    def _reject(self, q, conv, dq_x, dq_w, chain) -> str:
+        if self.form is None:
+            return f"no integer dot product form on {self.target.attrs.get('mcpu', self.target)}"
+        if not all(self._single(v) for v in chain):
+            return "an intermediate is read elsewhere"
+        attrs = conv.attrs
+        if int(attrs.groups) != 1:
+            return f"groups={int(attrs.groups)}"
+        if (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)) != (
+                "NCHW", "OIHW", "NCHW"):
+            return "layout"
+        if str(attrs.out_dtype) not in ("", "void", "None", "float32"):
+            return f"out_dtype {attrs.out_dtype}"
+        xq = dq_x.args[0]
+        shape = getattr(xq.ty, "shape", None)
+        if shape is None or len(shape) != 4 or not all(
+                isinstance(d, tirx.IntImm) for d in shape):
+            return "a symbolic shape"
+        if str(xq.ty.dtype) not in ("int8", "uint8"):
+            return f"{xq.ty.dtype} activation"
+        w = self._bound(dq_w.args[0])
+        if not isinstance(w, GenericConst) or str(w.ty.dtype) != "int8":
+            return "the weight is not an int8 constant"
+        sx, zx = (_scalar(self._bound(a)) for a in dq_x.args[1:])
+        if sx is None or zx is None or sx.size != 1 or zx.size != 1:
+            return "the activation's scale or zero point is not one constant"
+        sw, zw = (_scalar(self._bound(a)) for a in dq_w.args[1:])
+        m = int(w.ty.shape[0])
+        if sw is None or zw is None or sw.size not in (1, m) or np.any(zw != 0):
+            return "the weight's zero point is not 0 (or its scale not per tensor/channel)"
+        if sw.size == m and m > 1 and int(dq_w.attrs.axis) != 0:
+            return "the weight's scales are not per output channel"
+        sy, zy = (_scalar(self._bound(a)) for a in q.args[1:])
+        if sy is None or zy is None or sy.size != 1 or zy.size != 1:
+            return "the output's scale or zero point is not one constant"
+        if str(q.attrs.out_dtype) not in ("int8", "uint8"):
+            return f"quantized to {q.attrs.out_dtype}"
+        k = int(w.ty.shape[1]) * int(w.ty.shape[2]) * int(w.ty.shape[3])
+        if k * 255 * 128 >= 2 ** 31:
+            return f"K={k}: int32 sums could overflow"
+        return ""
+
+    def _bias(self, expr, m: int):
+        """The added per-channel constant as float32 [m], or None."""
+        node = self._bound(expr)
+        if _op(node) == "relax.reshape":
+            node = self._bound(node.args[0])
+        if isinstance(node, GenericConst):
+            v = node.value.numpy().astype(np.float32)
+        elif _op(node) == "relax.dequantize":
+            vals = [_scalar(self._bound(a)) for a in node.args]
+            if any(v is None for v in vals):
+                return None
+            data, scale, zp = vals
+            # as the dequantize's legalisation computes it, in float32
+            v = ((data.astype(np.float32) - zp.astype(np.float32)) * scale.astype(np.float32))
+        else:
+            return None
+        v = np.asarray(v, np.float32)
+        if v.size == 1:
+            return np.full(m, v.reshape(()), np.float32)
+        if v.size != m or (v.ndim == 4 and v.shape != (1, m, 1, 1)) or v.ndim not in (1, 3, 4):
+            return None
+        return v.reshape(m)
+
+    def _emit(self, q, conv, dq_x, dq_w, relu, bias, name):
+        xq = dq_x.args[0]
+        w = self._bound(dq_w.args[0]).value.numpy()
+        attrs = conv.attrs
+        padding = [int(p) for p in attrs.padding]
+        padding = padding * 2 if len(padding) == 2 else padding
+        b, c, h, wd = (int(d) for d in xq.ty.shape)
+        spec = Int8Conv(b, c, h, wd, w.shape[0], tuple(w.shape[2:]),
+                        tuple(int(s) for s in attrs.strides), tuple(padding),
+                        tuple(int(d) for d in attrs.dilation), str(xq.ty.dtype),
+                        str(q.attrs.out_dtype), relu)
+        out_h, out_w = spec.out_hw
+        if out_h <= 0 or out_w <= 0 or w.shape[1] != c:
+            return f"{name}: float path (empty output or channel mismatch)"
+        sx, zx = (_scalar(self._bound(a)).reshape(()) for a in dq_x.args[1:])
+        sw = _scalar(self._bound(dq_w.args[1])).astype(np.float32)
+        sy, zy = (_scalar(self._bound(a)).reshape(()) for a in q.args[1:])
+        m = w.shape[0]
+        tiling = choose_tiling(spec, self.params, self.form)
+        rows = tiling.row_tiles * tiling.mr
+        zx_i = int(zx)
+        zc = np.zeros(rows, np.int64)
+        if self.form == "vnni":
+            zprime = zx_i + (128 if spec.act_dtype == "int8" else 0)
+            zc[:m] = zprime * w.reshape(m, -1).astype(np.int64).sum(axis=1)
+        # sx·sw in float32, as the float path's dequantized product would scale it
+        scale = np.zeros(rows, np.float32)
+        scale[:m] = np.float32(sx) * np.broadcast_to(sw.reshape(-1), (m,)).astype(np.float32)
+        bias_p = np.zeros(rows, np.float32)
+        bias_p[:m] = bias
+        func = build_kernel(spec, tiling, zx_i, float(np.float32(sy)), int(zy),
+                            self.params.cores)
+        note = (f"{name}: integer sums ({self.form}, {tiling.mr}×{tiling.nr} int32 tile, "
+                f"k in words of {tiling.group}, {tiling.panels} panels, "
+                f"{spec.strides[0]}×{spec.strides[1]} phases); requantised to "
+                f"{spec.out_dtype}{', ReLU' if relu else ''}")
+        func = func.with_attr({SCHEDULE_ATTR: [note], "tirx.is_scheduled": True})
+        gvar = self.builder_.add_func(func, INT8_CONV)
+        self.notes.append(note)
+        self.count += 1
+        args = [xq, relax.const(pack_weight_words(w, spec, tiling)),
+                relax.const(k_offsets(spec, tiling)), relax.const(zc.astype(np.int32)),
+                relax.const(scale), relax.const(bias_p)]
+        return relax.call_tir(gvar, args, relax.TensorType(
+            [b, m, out_h, out_w], spec.out_dtype))
+
+
+def _uses(func: relax.Function) -> dict:
+    """How many bindings (and the function's result) read each var."""
+    counts: dict = {}
+    exprs = [b.value for block in getattr(func.body, "blocks", []) for b in block.bindings]
+    exprs.append(getattr(func.body, "body", func.body))
+    for expr in exprs:
+        for var in relax.analysis.free_vars(expr):
+            counts[var] = counts.get(var, 0) + 1
+    return counts
+
+
+def plan_int8_convs(mod: tvm.IRModule, target: tvm.target.Target
+                    ) -> tuple[tvm.IRModule, list[str]]:
+    """``mod`` with its QDQ convs as integer kernels where they apply, and one note per QDQ
+    conv: its kernel, or why it keeps the float path."""
+    rewriter = _Rewriter(mod, target, {})
+    changed = False
+    for gvar, func in list(mod.functions.items()):
+        if not isinstance(func, relax.Function):
+            continue
+        rewriter.uses = _uses(func)
+        before = rewriter.count
+        new = rewriter.visit_expr(func)
+        if rewriter.count > before:
+            rewriter.builder_.update_func(gvar, new)
+            changed = True
+    if not changed:
+        return mod, rewriter.notes
+    return relax.transform.DeadCodeElimination()(rewriter.builder_.get()), rewriter.notes
+
+
+def IntegerQdqConvs(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N802
+    """QDQ convs as integer-summing kernels on x86 ``llvm`` targets (:func:`plan_int8_convs`);
+    the notes go to the module's ``tvm_fusion.int8_convs`` attribute."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_fusion.IntegerQdqConvs")
+    def _run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        if target.kind.name != "llvm":
+            return mod
+        new, notes = plan_int8_convs(mod, target)
+        if notes:
+            new = new.with_attr(NOTES_ATTR, notes)
+        return new
+
+    return _run
+
+
+__all__ = ["FORMS", "IntegerQdqConvs", "NOTES_ATTR", "plan_int8_convs", "INT8_CONV", "Int8Conv", "Tiling", "build_kernel", "choose_tiling",
            "form_of", "k_offsets", "pack_weight_words"]

@@ -471,3 +471,16 @@ def test_qdq_convs_the_integer_kernel_does_not_take_keep_the_float_path_with_a_r
     feeds = random_inputs(symbolic, seed=0, shape_overrides={"n": 2})
     out = run_vm(compile_model(import_onnx(symbolic), TARGET), [feeds["x"]])[0]
     assert out.dtype == np.int8
+
+
+def test_report_lists_the_qdq_convs_and_why_one_keeps_float_sums():
+    from tvm_fusion.report import format_report, make_report
+    report = make_report(qdq_conv_net(per_channel=True), "qdq", target=TARGET, check=False)
+    text = format_report(report)
+    if not INTEGER_CONVS:
+        assert "QDQ convs: 0 of 4" in text
+        return
+    assert "QDQ convs: 3 of 4 with integer sums, the rest float32:" in text, text
+    assert "conv2d [16, 1, 3, 3]: float path (groups=16)" in text
+    # the model's own operators before fusion: the four convs among them
+    assert report.compute_intensive == 4

@@ -484,3 +484,18 @@ def test_report_lists_the_qdq_convs_and_why_one_keeps_float_sums():
     assert "conv2d [16, 1, 3, 3]: float path (groups=16)" in text
     # the model's own operators before fusion: the four convs among them
     assert report.compute_intensive == 4
+
+
+def test_every_conv_of_the_zoo_qdq_resnet18_sums_in_integers():
+    """models/resnet18_int8.onnx (ONNX Runtime's quantize_static, QDQ): all 20 convs (the
+    7x7/2 stem, 3x3, 1x1/2 downsamples, per-channel weight scales) take the integer kernel."""
+    import os
+    from pathlib import Path
+    models = Path(os.environ.get("TVM_FUSION_MODELS", Path(__file__).parent.parent / "models"))
+    path = models / "resnet18_int8.onnx"
+    if not path.exists():
+        pytest.skip(f"{path} missing: python -m tvm_fusion.export_models --only resnet18_int8")
+    if not INTEGER_CONVS:
+        pytest.skip("the host has no integer conv form")
+    _, notes = plan_int8_convs(import_onnx(onnx.load(path)), TARGET)
+    assert len(notes) == 20 and all("integer sums" in n for n in notes), notes

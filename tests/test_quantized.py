@@ -499,3 +499,27 @@ def test_every_conv_of_the_zoo_qdq_resnet18_sums_in_integers():
         pytest.skip("the host has no integer conv form")
     _, notes = plan_int8_convs(import_onnx(onnx.load(path)), TARGET)
     assert len(notes) == 20 and all("integer sums" in n for n in notes), notes
+
+
+def test_an_added_constant_that_broadcasts_along_the_width_is_no_bias():
+    """conv(...) + c with c of shape [W] (W = the channel count here) adds along the width:
+    not a per-channel bias, so the conv keeps the float path; with c [C, 1, 1] it is one."""
+    from onnx import helper, numpy_helper
+    results = {}
+    for name, shape in (("width", [8]), ("channels", [8, 1, 1])):
+        model = _qdq_conv((1, 4, 8, 8), (8, 4, 3, 3), pads=(1, 1, 1, 1), bias=False)
+        graph = model.graph
+        conv = next(n for n in graph.node if n.op_type == "Conv")
+        conv.output[0] = "c0"
+        graph.initializer.append(numpy_helper.from_array(
+            np.linspace(-1, 1, 8).astype(np.float32).reshape(shape), "k"))
+        index = list(graph.node).index(conv)
+        graph.node.insert(index + 1, helper.make_node("Add", ["c0", "k"], ["c"]))
+        notes = plan_int8_convs(import_onnx(model), TARGET)[1]
+        results[name] = notes
+        if INTEGER_CONVS:
+            ours, _, ref, _, _ = _three_ways(model)
+            assert np.abs(ours[0].astype(int) - ref[0].astype(int)).max() <= 1
+    if INTEGER_CONVS:
+        assert "not a per-channel constant" in results["width"][0], results
+        assert "integer sums" in results["channels"][0], results

@@ -387,6 +387,8 @@ class _Rewriter(relax.PyExprMutator):
             return "layout"
         if str(attrs.out_dtype) not in ("", "void", "None", "float32"):
             return f"out_dtype {attrs.out_dtype}"
+        if any(str(d.attrs.out_dtype) != "float32" for d in (dq_x, dq_w)):
+            return "dequantized to another type than float32"
         xq = dq_x.args[0]
         shape = getattr(xq.ty, "shape", None)
         if shape is None or len(shape) != 4 or not all(
@@ -417,7 +419,15 @@ class _Rewriter(relax.PyExprMutator):
         return ""
 
     def _bias(self, expr, m: int):
-        """The added per-channel constant as float32 [m], or None."""
+        """The added per-channel constant as float32 [m], or None. Its shape as the add sees
+        it must broadcast along the channels only (``[1, m, 1, 1]``, ``[m, 1, 1]``, or one
+        value): a 1-D ``[m]`` would broadcast along the width."""
+        shape = getattr(expr.ty, "shape", None)
+        if shape is None or not all(isinstance(d, tirx.IntImm) for d in shape):
+            return None
+        dims = [1] * (4 - len(shape)) + [int(d) for d in shape]
+        if len(dims) != 4 or dims[0] != 1 or dims[2:] != [1, 1] or dims[1] not in (1, m):
+            return None
         node = self._bound(expr)
         if _op(node) == "relax.reshape":
             node = self._bound(node.args[0])
@@ -435,9 +445,7 @@ class _Rewriter(relax.PyExprMutator):
         v = np.asarray(v, np.float32)
         if v.size == 1:
             return np.full(m, v.reshape(()), np.float32)
-        if v.size != m or (v.ndim == 4 and v.shape != (1, m, 1, 1)) or v.ndim not in (1, 3, 4):
-            return None
-        return v.reshape(m)
+        return v.reshape(m) if v.size == m and dims[1] == m else None
 
     def _emit(self, q, conv, dq_x, dq_w, relu, bias, name):
         xq = dq_x.args[0]

@@ -20,7 +20,7 @@ import onnx.utils
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tvm_fusion.compile import compile_model, graph_input_names, import_onnx  # noqa: E402
+from tvm_fusion.compile import compile_model, import_onnx  # noqa: E402
 from tvm_fusion.compile import run as run_vm  # noqa: E402
 from tvm_fusion.feeds import random_inputs  # noqa: E402
 from tvm_fusion.numerics import onnx_reference  # noqa: E402

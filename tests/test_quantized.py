@@ -409,8 +409,13 @@ def _exact_reference(x, w, zx, conv):
 def test_integer_conv_kernel_sums_exactly(mcpu, case):
     """The kernel's int32 sums are exact: with unit scales, no bias and an output scale of
     1, every output is the exact sum (clipped), whatever the extreme inputs."""
-    from tvm_fusion.layout.int8_conv import (Int8Conv, build_kernel, choose_tiling, k_offsets,
-                                             pack_weight_words)
+    from tvm_fusion.layout.int8_conv import (
+        Int8Conv,
+        build_kernel,
+        choose_tiling,
+        k_offsets,
+        pack_weight_words,
+    )
     from tvm_fusion.tir_schedules.cpu_target import cpu_params
     target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 1})
     if not _host_runs(target):

@@ -49,7 +49,7 @@ from tvm import relax, tirx
 from tvm.ir.expr import GenericConst
 from tvm.script import tirx as T
 
-from ..tir_schedules.cpu_target import CpuParams, _has, cpu_params
+from ..tir_schedules.cpu_target import CpuParams, cpu_params, has_feature
 from ..tir_schedules.records import SCHEDULE_ATTR
 
 INT8_CONV = "conv2d_int8"
@@ -69,7 +69,7 @@ def form_of(target: tvm.target.Target) -> str | None:
         return None
     params = cpu_params(target)
     if params.isa == "avx512":
-        return "vnni" if _has(target, "avx512vnni") else "pmaddwd"
+        return "vnni" if has_feature(target, "avx512vnni") else "pmaddwd"
     if params.isa == "avx2":
         return "pmaddwd"
     return None
@@ -297,7 +297,10 @@ def build_kernel(conv: Int8Conv, tiling: Tiling, zx: int, sy: float, zy: int,
                 for ow in T.vectorized(out_w):
                     y[b, co, oh, ow] = yp[co, oh * wq + ow]
 
-    return kernel.without_attr("global_symbol") if "global_symbol" in (kernel.attrs or {}) else kernel
+    # no global symbol: the module names it (one kernel per conv shape)
+    if "global_symbol" in (kernel.attrs or {}):
+        kernel = kernel.without_attr("global_symbol")
+    return kernel
 
 
 # ------------------------------------------------------------------- the Relax rewrite
@@ -362,7 +365,8 @@ class _Rewriter(relax.PyExprMutator):
         if _op(node) != "relax.nn.conv2d":
             return ""
         chain.append(value)
-        name = f"conv2d {[int(d) for d in node.args[1].ty.shape] if node.args[1].ty.shape is not None else '?'}"
+        w_shape = node.args[1].ty.shape
+        name = f"conv2d {'?' if w_shape is None else [int(d) for d in w_shape]}"
         dq_x, dq_w = (self._bound(a) for a in node.args)
         if _op(dq_x) != "relax.dequantize" or _op(dq_w) != "relax.dequantize":
             return ""  # not a QDQ conv
@@ -541,5 +545,6 @@ def IntegerQdqConvs(target: tvm.target.Target) -> tvm.transform.Pass:  # noqa: N
     return _run
 
 
-__all__ = ["FORMS", "IntegerQdqConvs", "NOTES_ATTR", "plan_int8_convs", "INT8_CONV", "Int8Conv", "Tiling", "build_kernel", "choose_tiling",
-           "form_of", "k_offsets", "pack_weight_words"]
+__all__ = ["FORMS", "INT8_CONV", "IntegerQdqConvs", "Int8Conv", "NOTES_ATTR", "Tiling",
+           "build_kernel", "choose_tiling", "form_of", "k_offsets", "pack_weight_words",
+           "plan_int8_convs"]

@@ -192,8 +192,12 @@ def k_offsets(conv: Int8Conv, tiling: Tiling) -> np.ndarray:
 
 
 def build_kernel(conv: Int8Conv, tiling: Tiling, zx: int, sy: float, zy: int,
-                 cores: int = 1) -> tirx.PrimFunc:
-    """The kernel: ``(xq, Ap, koff, zc, scale, bias) -> y`` (module docstring)."""
+                 cores: int = 1, quantize_input: tuple[float, int] | None = None
+                 ) -> tirx.PrimFunc:
+    """The kernel: ``(xq, Ap, koff, zc, scale, bias) -> y`` (module docstring).
+    ``quantize_input`` (scale, zero point): ``x`` is the float32 tensor that a QuantizeLinear
+    read by this conv alone turns into ``xq``, quantized here as the input is packed (ONNX's
+    ``clip(round(x / s) + z)``), so that it is no kernel of its own."""
     group, b_dtype, intrins = FORMS[tiling.form]
     intrin = intrins[tiling.lanes]
     lanes, mr, nr = tiling.lanes, tiling.mr, tiling.nr
@@ -222,10 +226,17 @@ def build_kernel(conv: Int8Conv, tiling: Tiling, zx: int, sy: float, zy: int,
     over_panels = T.parallel if cores > 1 else T.serial
     planes = cg * sh * sw * hq * wq
 
+    act_lo, act_hi = (-128, 127) if act == "int8" else (0, 255)
+    x_dtype = act if quantize_input is None else "float32"
+
     def element(x, b, c, ih, iw):
         inside = tirx.all(c < c_in, ih >= 0, ih < h_in, iw >= 0, iw < w_in)
         load = x[b, T.min(c, c_in - 1), T.max(T.min(ih, h_in - 1), 0),
                  T.max(T.min(iw, w_in - 1), 0)]
+        if quantize_input is not None:
+            s_in, z_in = quantize_input
+            q_in = T.round(load / T.float32(s_in)) + T.float32(z_in)
+            load = T.min(T.max(q_in, T.float32(act_lo)), T.float32(act_hi))
         if vnni:
             value = T.Cast("int32", load) + shift
         else:
@@ -257,7 +268,7 @@ def build_kernel(conv: Int8Conv, tiling: Tiling, zx: int, sy: float, zy: int,
         return T.Cast(out_dtype, q)
 
     @T.prim_func
-    def kernel(x: T.Buffer((bsz, c_in, h_in, w_in), act),
+    def kernel(x: T.Buffer((bsz, c_in, h_in, w_in), x_dtype),
                ap: T.Buffer((row_tiles, kg, mr), "int32"),
                koff: T.Buffer((kg,), "int32"),
                zc: T.Buffer((rows,), "int32"),
@@ -451,6 +462,27 @@ class _Rewriter(relax.PyExprMutator):
             return np.full(m, v.reshape(()), np.float32)
         return v.reshape(m) if v.size == m and dims[1] == m else None
 
+    def _input_quantize(self, xq, dq_var, spec: Int8Conv):
+        """((scale, zero point), the float32 tensor) when ``xq`` is a QuantizeLinear of a
+        float32 tensor read by this conv's dequantize alone (a graph input's): the kernel
+        quantizes as it packs; else (None, ``xq``)."""
+        node = self._bound(xq)
+        if (_op(node) != "relax.quantize" or not self._single(xq) or not self._single(dq_var)
+                or not isinstance(xq, relax.Var) or not isinstance(dq_var, relax.Var)
+                or str(node.attrs.out_dtype) != spec.act_dtype):
+            return None, xq
+        x = node.args[0]
+        shape = getattr(x.ty, "shape", None)
+        # a graph input only: a kernel's result would then be written as float32 where its
+        # fused QuantizeLinear wrote int8 (no kernel fewer, four times the bytes)
+        if (not isinstance(x, relax.Var) or self.lookup_binding(x) is not None
+                or str(getattr(x.ty, "dtype", "")) != "float32" or shape is None
+                or [int(d) if isinstance(d, tirx.IntImm) else None for d in shape]
+                != [spec.batch, spec.channels, spec.height, spec.width]):
+            return None, xq
+        params = _quantize_params(node, self._bound)
+        return (params, x) if params is not None else (None, xq)
+
     def _emit(self, q, conv, dq_x, dq_w, relu, bias, name):
         xq = dq_x.args[0]
         w = self._bound(dq_w.args[0]).value.numpy()
@@ -481,21 +513,30 @@ class _Rewriter(relax.PyExprMutator):
         scale[:m] = np.float32(sx) * np.broadcast_to(sw.reshape(-1), (m,)).astype(np.float32)
         bias_p = np.zeros(rows, np.float32)
         bias_p[:m] = bias
+        quantize_input, x_in = self._input_quantize(xq, conv.args[0], spec)
         func = build_kernel(spec, tiling, zx_i, float(np.float32(sy)), int(zy),
-                            self.params.cores)
+                            self.params.cores, quantize_input)
         note = (f"{name}: integer sums ({self.form}, {tiling.mr}×{tiling.nr} int32 tile, "
                 f"k in words of {tiling.group}, {tiling.panels} panels, "
                 f"{spec.strides[0]}×{spec.strides[1]} phases); requantised to "
-                f"{spec.out_dtype}{', ReLU' if relu else ''}")
+                f"{spec.out_dtype}{', ReLU' if relu else ''}"
+                + ("; its input's QuantizeLinear inlined" if quantize_input else ""))
         func = func.with_attr({SCHEDULE_ATTR: [note], "tirx.is_scheduled": True})
         gvar = self.builder_.add_func(func, INT8_CONV)
         self.notes.append(note)
         self.count += 1
-        args = [xq, relax.const(pack_weight_words(w, spec, tiling)),
+        args = [x_in, relax.const(pack_weight_words(w, spec, tiling)),
                 relax.const(k_offsets(spec, tiling)), relax.const(zc.astype(np.int32)),
                 relax.const(scale), relax.const(bias_p)]
         return relax.call_tir(gvar, args, relax.TensorType(
             [b, m, out_h, out_w], spec.out_dtype))
+
+
+def _quantize_params(q: relax.Call, lookup) -> tuple[float, int] | None:
+    scale, zp = (_scalar(lookup(a)) for a in q.args[1:])
+    if scale is None or zp is None or scale.size != 1 or zp.size != 1:
+        return None
+    return float(np.float32(scale.reshape(()))), int(zp.reshape(()))
 
 
 def _uses(func: relax.Function) -> dict:

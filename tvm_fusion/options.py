@@ -290,6 +290,13 @@ class Scheduling(_Group):
             "with a constant weight gets it packed at compile time into GEMM panels and the "
             "packed GEMM kernel (docs/codegen.md); `False`: the register-tile schedule reads the "
             "weight as it is.")
+    integer_qdq_convs: bool = _opt(
+        "bool", True,
+        doc="Ours, x86 CPU targets, with `pack_weights`: a QDQ conv (DequantizeLinear → Conv → "
+            "QuantizeLinear, int8 weights) sums in int32 (AVX512-VNNI, or vpmaddwd) in a kernel "
+            "of its own that reads and writes the quantized tensors "
+            "(`tvm_fusion/layout/int8_conv.py`, docs/codegen.md); `False`, and where it does not "
+            "apply (the reason in the module's `tvm_fusion.int8_convs` notes): float32 sums.")
     fusion_guard: bool = _opt(
         "bool", True,
         doc="Ours: after the CPU schedules, a kernel of several operators whose loop nests are "

@@ -36,6 +36,7 @@ from tvm.relax.backend.gpu_generic import pipeline as gpu_backend
 
 from .layout.conv_pack import PackConvs
 from .layout.gemm_pack import PackMatmulWeights
+from .layout.int8_conv import IntegerQdqConvs
 from .layout.smartmem import EliminateLayoutTransforms
 from .layout.texture import AnnotateTextureScopes, ScheduleTextureKernels, wants_texture
 from .layout.texture_lower import LowerTextures
@@ -105,6 +106,9 @@ def graph_phase(target: tvm.target.Target, opts: Options, plan_options: PlanOpti
     if ours:  # torch.export's attention: bmm over batch·heads, safe softmax (nine operators)
         passes += [UnflattenBatchMatmul(), FoldSafeSoftmax()]
     pack = opts.scheduling.pack_weights and target.kind.name == "llvm"
+    if pack and ours and opts.scheduling.integer_qdq_convs:
+        # before anything folds a QDQ conv's weight dequantize into float32
+        passes.append(IntegerQdqConvs(target))
     if pack and ours and rewriting.rewrite:
         # weight-only quantized weights first: the rewriting's FoldConstant would fold their
         # dequantize into float32 weights (four times the bytes, layout/weight_quant.py)

@@ -31,6 +31,7 @@ from .compile import (
 from .devices import require_device
 from .feeds import random_inputs, run_shapes
 from .instrument import Collector
+from .layout.int8_conv import NOTES_ATTR as INT8_NOTES
 from .memory import planned_memory
 from .numerics import check_outputs, max_abs_error
 from .relay_passes.plan_fusion import ModulePlan
@@ -86,6 +87,8 @@ class ModelReport:
     # the largest kernel workspace), stock FuseOps' grouping and tvm_fusion's, same schedules
     activation_bytes_stock: int | None = None
     activation_bytes_fused: int | None = None
+    # QDQ convs (layout/int8_conv.py): each one's integer kernel, or why it keeps float32 sums
+    int8_convs: list[str] = field(default_factory=list)
 
     @property
     def fusion_rate(self) -> float:
@@ -149,6 +152,7 @@ def make_report(model: onnx.ModelProto, name: str = "model", target="llvm", chec
         report.flops_after_rewrite = int(rewrites[0].flops_after)
         report.rules_fired = dict(rewrites[0].fired)
         report.rewrite_symbolic_skipped = int(getattr(rewrites[0], "symbolic_skipped", 0))
+    report.int8_convs = [str(n) for n in (fused_mod.attrs or {}).get(INT8_NOTES, [])]
     report.feedback = [e.describe() for e in getattr(module_plan, "feedback", [])]
     report.guard = [d.describe() for d in getattr(module_plan, "guard", [])]
     kernel = 0
@@ -213,7 +217,9 @@ def _plan_only(mod, target, symbolic_hint=None) -> ModulePlan:
     tgt = to_target(target)
     collector = Collector()
     with tgt, tvm.transform.PassContext(instruments=[collector]):
-        Sequential(tgt, rewrite=False, layout=False, symbolic_hint=symbolic_hint)(mod)
+        # the model's own operators: QDQ convs as convs, not the integer kernels
+        Sequential(tgt, rewrite=False, layout=False, integer_qdq_convs=False,
+                   symbolic_hint=symbolic_hint)(mod)
     return collector.plans[0]
 
 
@@ -267,6 +273,12 @@ def format_report(report: ModelReport, why: bool = False) -> str:
                          f"({_mb(a['score_bytes'])})"
                          + ("" if a["chosen"] else
                             f"; not fused: {describe(a['rejected'], a['reason'])}"))
+    if report.int8_convs:
+        integer = [n for n in report.int8_convs if ": integer sums" in n]
+        lines.append(f"  QDQ convs: {len(integer)} of {len(report.int8_convs)} with integer "
+                     "sums" + (", the rest float32:" if len(integer) < len(report.int8_convs)
+                               else ""))
+        lines += [f"    {n}" for n in report.int8_convs if why or n not in integer]
     if report.opaque:
         lines.append("  opaque (never fused): " + "; ".join(report.opaque))
     if report.feedback:

@@ -206,6 +206,12 @@ def _has(target: tvm.target.Target, feature: str) -> bool:
         return False
 
 
+def has_feature(target: tvm.target.Target, feature: str) -> bool:
+    """Whether LLVM's model of ``target``'s CPU has ``feature`` (``"avx512vnni"``,
+    ``"dotprod"``); False where LLVM cannot say."""
+    return _has(target, feature)
+
+
 def _caches(target: tvm.target.Target) -> tuple[Cache, Cache]:
     """L1d and L2 of the CPU ``target`` names: the host's (sysfs) when it is the host's CPU
     (no ``mcpu`` or the host's, on the host's architecture), else :data:`CACHES`, else

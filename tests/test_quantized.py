@@ -270,7 +270,7 @@ def test_fenced_rows_that_whole_vectors_do_not_divide_are_vectorised_in_tir(mcpu
 def _host_runs(target) -> bool:
     host = tvm.target.Target({"kind": "llvm",
                               "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
-    return all(_has(host, f) for f in ("avx512f", "avx512bw", "avx512vl")
+    return all(_has(host, f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni")
                if _has(target, f))
 
 

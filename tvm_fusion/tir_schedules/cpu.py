@@ -281,16 +281,23 @@ def _split_lanes(sch: s_tir.Schedule, group: list, params: CpuParams) -> tuple[l
                      if s > 1 and extent is not None and extent % s == 0
                      and extent >= 2 * lanes), None)
         if step is not None:
-            try:
-                loop = sch.fuse(*run) if len(run) > 1 else run[0]
-                _, lane = sch.split(loop, factors=[None, step])
-                rf = sch.rfactor(lane, factor_axis=len(facts.write_indices))
+            axis = len(facts.write_indices)
+            try:  # on a copy first: TVM's rfactor of a 0-d sum fails with an InternalError
+                _rfactor_lanes(sch.copy(), run, step, axis)  # (fuzzer seed 1222)
+            except (s_tir.ScheduleError, tvm.error.InternalError):
+                pass  # not a recognised reducer: stays a serial reduction
+            else:
+                rf = _rfactor_lanes(sch, run, step, axis)
                 result.append(rf)
                 partials.add(sch.get(rf).name_hint)
-            except s_tir.ScheduleError:
-                pass  # not a recognised reducer: stays a serial reduction
         result.append(block_rv)
     return result, partials
+
+
+def _rfactor_lanes(sch: s_tir.Schedule, run: list, step: int, axis: int):
+    loop = sch.fuse(*run) if len(run) > 1 else run[0]
+    _, lane = sch.split(loop, factors=[None, step])
+    return sch.rfactor(lane, factor_axis=axis)
 
 
 def _contiguous_reduction_loops(sch: s_tir.Schedule, block_rv,

@@ -29,140 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tvm_fusion.tir_schedules.thread_balance import kernel_balance  # noqa: E402
+
 BUILDS = {"tvm-fuseops-sched": {"strategy": "tvm", "schedule": True}, "tvm_fusion": {}}
-
-
-def parallel_loops(func) -> list[tuple[int, int, int, int]]:
-    """``(extent, launches, ops inside, loop)`` of every outermost parallel loop of
-    ``func`` (a parallel loop under serial loops is launched once per their iteration)."""
-    from tvm import s_tir, tirx
-
-    from tvm_fusion.tir_schedules.work import _extent
-
-    found = []
-
-    def visit(stmt, trips: int) -> None:
-        if stmt is None:
-            return
-        if isinstance(stmt, tirx.SeqStmt):
-            for s in stmt.seq:
-                visit(s, trips)
-        elif isinstance(stmt, tirx.For):
-            if stmt.kind == tirx.ForKind.PARALLEL:
-                ops = stmt_ops(stmt)
-                found.append((_extent(stmt.extent), trips, trips * ops, stmt))
-                return
-            visit(stmt.body, trips * _extent(stmt.extent))
-        elif isinstance(stmt, tirx.IfThenElse):
-            visit(stmt.then_case, trips)
-        elif isinstance(stmt, s_tir.SBlockRealize):
-            visit(stmt.block, trips)
-        else:  # SBlock, LetStmt, AttrStmt, DeclBuffer, Allocate...
-            body = getattr(stmt, "body", None)
-            if isinstance(body, tirx.Stmt):
-                visit(body, trips)
-
-    visit(func.body, 1)
-    return found
-
-
-def stmt_ops(stmt, env: dict | None = None, analyzer=None) -> int:
-    """Executed operations under ``stmt``, as :func:`tvm_fusion.tir_schedules.work` counts
-    them, through every statement kind (a let, an attribute, an allocation: the packed GEMM's
-    nest has them). ``env`` binds loop variables to constants (one iteration of a parallel
-    loop): extents and ``if`` conditions that depend on them are evaluated, so a short last
-    block or a guarded tail counts as what it executes."""
-    from tvm import s_tir, sym, tirx
-
-    from tvm_fusion import symbolic
-    from tvm_fusion.tir_schedules.attention_match import substitute
-    from tvm_fusion.tir_schedules.work import _stmt_ops
-
-    env = env or {}
-    analyzer = analyzer or sym.Analyzer()
-
-    def value(expr):
-        if env:
-            expr = analyzer.simplify(substitute(expr, env))
-        return expr
-
-    def extent(expr) -> int:
-        expr = value(expr)
-        if isinstance(expr, tirx.IntImm):
-            return max(int(expr.value), 0)
-        return max(symbolic.extent(expr), 0)
-
-    def count(stmt) -> int:
-        if isinstance(stmt, tirx.SeqStmt):
-            return sum(count(s) for s in stmt.seq)
-        if isinstance(stmt, tirx.For):
-            return extent(stmt.extent) * count(stmt.body)
-        if isinstance(stmt, s_tir.SBlockRealize):
-            return count(stmt.block)
-        if isinstance(stmt, tirx.IfThenElse):
-            cond = value(stmt.condition)
-            if isinstance(cond, tirx.IntImm) and not cond.value:
-                return count(stmt.else_case) if stmt.else_case is not None else 0
-            return count(stmt.then_case)
-        if isinstance(stmt, tirx.BufferStore):
-            return _stmt_ops(stmt)
-        if isinstance(stmt, tirx.Evaluate):
-            return 1
-        body = getattr(stmt, "body", None)
-        return count(body) if isinstance(body, tirx.Stmt) else 0
-
-    return count(stmt)
-
-
-def thread_shares(loop, threads: int, limit: int = 4096) -> list[int]:
-    """Ops each of ``threads`` threads executes of parallel ``loop`` (TVM gives thread t the
-    iterations [t·c, (t+1)·c), c = ceil(extent / threads)); iterations counted one by one up
-    to ``limit`` of them, else taken as equal."""
-    import tvm
-    from tvm import sym, tirx
-
-    from tvm_fusion.tir_schedules.work import _extent
-
-    total_extent = _extent(loop.extent)
-    if total_extent <= 0:
-        return [0] * threads
-    chunk = -(-total_extent // threads)
-    if total_extent > limit:
-        per = stmt_ops(loop.body)
-        return [per * max(0, min(chunk, total_extent - t * chunk)) for t in range(threads)]
-    analyzer = sym.Analyzer()
-    per_iter = [stmt_ops(loop.body, {loop.loop_var: tirx.const(i, loop.extent.ty.dtype)}, analyzer)
-                for i in range(total_extent)]
-    return [sum(per_iter[t * chunk:(t + 1) * chunk]) for t in range(threads)]
-
-
-def imbalance(extent: int, threads: int) -> float:
-    if extent <= 0 or threads <= 1:
-        return 1.0
-    return -(-extent // threads) * threads / extent
-
-
-def kernel_facts(mod, threads: int) -> dict[str, dict]:
-    """Per PrimFunc of a scheduled module: its parallel loops, parallel share, imbalance."""
-    from tvm import tirx
-
-    facts = {}
-    for gv, func in mod.functions.items():
-        if not isinstance(func, tirx.PrimFunc):
-            continue
-        loops = parallel_loops(func)
-        imb = inside = outside_estimate = 0
-        for _, trips, ops, loop in loops:
-            shares = thread_shares(loop, threads)
-            outside_estimate += ops  # as the whole-function count below has it
-            inside += trips * sum(shares)
-            imb += trips * max(shares) * threads
-        imb = imb / inside if inside else 1.0
-        total = max(stmt_ops(func.body) - outside_estimate + inside, 1)
-        share = min(inside / total, 1.0)
-        facts[gv.name_hint] = {"loops": [(e, n) for e, n, _, _ in loops], "share": share,
-                               "imbalance": imb, "ops": total}
-    return facts
 
 
 def predicted(t1: float, fact: dict | None, threads: int) -> float:
@@ -204,7 +73,7 @@ def main(argv=None) -> int:
         for build, options in BUILDS.items():
             with target:
                 mod = get_pipeline(target, **options)(import_onnx(model))
-            facts[build] = kernel_facts(mod, args.cores)
+            facts[build] = kernel_balance(mod, args.cores)
             exe = tvm.compile(mod, target, relax_pipeline=tvm.transform.Sequential([]))
             vms[build] = relax.VirtualMachine(exe, dev)
         times = breakdown(vms, inputs, args.runs, time.thread_time, kernel_min=True)

@@ -188,7 +188,13 @@ def _schedule_spatial_sink(sch, sink, facts: BlockFacts, group: list, params: Cp
             continue
         own = sch.get_loops(block_rv)[depth + 1:]
         parts.append(f"{name} per row, {vectorize_inner(sch, own, params)}")
-    work = facts.volume() * (2 + facts.cost) * (1 + len(attached))
+    # the attached stages' own work counts: a global average pool's sink is one divide per
+    # channel, its sum over every pixel (EfficientNet's 1152×7×7 pool ran on one of 2 cores)
+    work = facts.volume() * (2 + facts.cost)
+    for block_rv, _ in attached:
+        part = block_facts(sch, block_rv)
+        work += (part.volume() if part is not None else facts.volume()) * (
+            2 + (part.cost if part is not None else facts.cost))
     par = parallelize(sch, sch.get_loops(sink)[: depth + 1], work, params)
     return f"{facts.name}: rows of {', '.join(parts)}; {vec}; {par}"
 

@@ -423,7 +423,11 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         # A read through div/mod of k (a transpose or reshape inlined into it) or computed:
         # copied once, row-major, so the micro-kernel's broadcasts walk along k
         copy = tirx.decl_buffer((rows, k), "float32", "a_rows")
-        kind = tirx.ForKind.PARALLEL if params.cores > 1 else tirx.ForKind.SERIAL
+        # one row (a GEMV's A: the classifier after a global pool) is one iteration: a
+        # parallel launch for it wakes every thread for one thread's work
+        known_rows = const_int(rows)
+        kind = tirx.ForKind.PARALLEL if params.cores > 1 and (
+            known_rows is None or known_rows >= params.cores) else tirx.ForKind.SERIAL
         m_var, k_var = tirx.Var("m", "int64"), tirx.Var("kk", "int64")
         value, tables = load_x(m_var, k_var), []
         gather = split_gather(value, m_var, k_var)

@@ -135,8 +135,8 @@ class _Emitter:
     """Builds the nest; the blocking may depend on the number of rows at run time (a
     symbolic M), as selects that fold away when M is known."""
 
-    def __init__(self, gemm: Gemm, blk: Blocking, rows):
-        self.g, self.b = gemm, blk
+    def __init__(self, gemm: Gemm, blk: Blocking, rows, cores: int = 1):
+        self.g, self.b, self.cores = gemm, blk, cores
         self.vectors = blk.nr // blk.lanes
         # equal K blocks (the last one shorter by < k_blocks): 768 = 3 × 256, 1000 = 4 × 250
         blocks = max(1, -(-gemm.k // blk.kc))
@@ -418,6 +418,14 @@ class _Emitter:
                     tirx.min(_i64(per), _i64(full_panels) - jc * _i64(per))
                 return self.panel_block(jc * _i64(per), size, self.b.nr, base, count,
                                         per if isinstance(per, int) else full_panels)
+            if not serial and tail_cols and _tail_in_parallel(
+                    full_panels, per, blocks, tail_cols / self.b.nr, self.cores):
+                # the tail panel as one more parallel iteration: 3 panels + a tail on 2
+                # threads ran 2 + 1 panels, then the tail with one thread waiting
+                tail = self.panel_block(_i64(full_panels), _i64(1), tail_cols, base, count)
+                nests.append(_loop("jc", blocks + 1, lambda jc: tirx.IfThenElse(
+                    jc < _i64(blocks), jc_block(jc), tail), kind))
+                return nests
             nests.append(_loop("jc", blocks, jc_block, kind))
         if tail_cols:
             nests.append(self.panel_block(_i64(full_panels), _i64(1), tail_cols, base, count))
@@ -449,6 +457,23 @@ def _choose(cond, then_stmt, else_stmt):
     if cond is False:
         return else_stmt
     return tirx.IfThenElse(cond, then_stmt, else_stmt)
+
+
+def thread_shares(weights: list[float], threads: int) -> list[float]:
+    """The work each of ``threads`` threads gets of a parallel loop whose iterations weigh
+    ``weights``: TVM gives thread t the iterations [t·c, (t+1)·c), c = ceil(extent/threads)."""
+    chunk = -(-len(weights) // max(threads, 1)) or 1
+    return [sum(weights[t * chunk:(t + 1) * chunk]) for t in range(threads)]
+
+
+def _tail_in_parallel(full_panels: int, per, blocks, tail: float, cores: int) -> bool:
+    """Whether the zero-padded tail panel (``tail`` of a panel's work) is better run as one
+    more parallel iteration than after the parallel loop (where one thread runs it alone)."""
+    if not isinstance(per, int) or not isinstance(blocks, int) or cores <= 1:
+        return False
+    weights = [float(min(per, full_panels - j * per)) for j in range(blocks)]
+    after = max(thread_shares(weights, cores)) + tail
+    return max(thread_shares(weights + [tail], cores)) < after
 
 
 def _simplify(expr):
@@ -490,7 +515,7 @@ def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
     """The whole loop nest computing ``gemm`` (see the module docstring), threads as
     :func:`parallel_plan` says."""
     rows = _simplify(_i64(gemm.rows))
-    em = _Emitter(gemm, blk, rows)
+    em = _Emitter(gemm, blk, rows, cores)
     return _seq([*em.offset_table(), _nest(em, gemm, blk, cores, rows)])
 
 

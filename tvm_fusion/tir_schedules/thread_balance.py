@@ -14,10 +14,11 @@ from __future__ import annotations
 from tvm import s_tir, sym, tirx
 
 from .. import symbolic
-from .attention_match import substitute
+from ..tir_utils import substitute
+from .gemm_template import thread_shares
 from .work import _extent, _stmt_ops
 
-__all__ = ["kernel_balance", "parallel_loops", "stmt_ops", "thread_shares"]
+__all__ = ["kernel_balance", "loop_shares", "parallel_loops", "stmt_ops"]
 
 
 def parallel_loops(func) -> list[tuple[int, int, int, int]]:
@@ -92,7 +93,7 @@ def stmt_ops(stmt, env: dict | None = None, analyzer=None) -> int:
     return count(stmt)
 
 
-def thread_shares(loop, threads: int, limit: int = 4096) -> list[int]:
+def loop_shares(loop, threads: int, limit: int = 4096) -> list[int]:
     """Ops each of ``threads`` threads executes of parallel ``loop`` (TVM gives thread t the
     iterations [t·c, (t+1)·c), c = ceil(extent / threads)); iterations counted one by one up
     to ``limit`` of them, else taken as equal."""
@@ -106,7 +107,7 @@ def thread_shares(loop, threads: int, limit: int = 4096) -> list[int]:
     analyzer = sym.Analyzer()
     per_iter = [stmt_ops(loop.body, {loop.loop_var: tirx.const(i, loop.extent.ty.dtype)}, analyzer)
                 for i in range(total_extent)]
-    return [sum(per_iter[t * chunk:(t + 1) * chunk]) for t in range(threads)]
+    return thread_shares(per_iter, threads)
 
 
 def kernel_balance(mod, threads: int) -> dict[str, dict]:
@@ -118,7 +119,7 @@ def kernel_balance(mod, threads: int) -> dict[str, dict]:
         loops = parallel_loops(func)
         imb = inside = outside_estimate = 0
         for _, trips, ops, loop in loops:
-            shares = thread_shares(loop, threads)
+            shares = loop_shares(loop, threads)
             outside_estimate += ops  # as the whole-function count below has it
             inside += trips * sum(shares)
             imb += trips * max(shares) * threads

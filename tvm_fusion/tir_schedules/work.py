@@ -83,7 +83,7 @@ def _stmt_ops(stmt) -> int:
     if isinstance(stmt, tirx.While):
         return _stmt_ops(stmt.body)
     body = getattr(stmt, "body", None)  # LetStmt, AttrStmt, DeclBuffer, Allocate...
-    return _stmt_ops(body) if isinstance(body, tvm.ir.Node) else 0
+    return _stmt_ops(body) if isinstance(body, tirx.Stmt) else 0
 
 
 def recomputed_blocks(func: tirx.PrimFunc) -> list[tuple[str, float]]:
@@ -113,7 +113,7 @@ def recomputed_blocks(func: tirx.PrimFunc) -> list[tuple[str, float]]:
             visit(stmt.then_case, trips)
         else:
             body = getattr(stmt, "body", None)
-            if isinstance(body, tvm.ir.Node):
+            if isinstance(body, tirx.Stmt):
                 visit(body, trips)
 
     visit(func.body, 1)
@@ -155,7 +155,7 @@ def scattered_stores(func: tirx.PrimFunc, line_bytes: int = CACHE_LINE_BYTES
             visit(stmt.else_case, loops, binds)
         else:
             body = getattr(stmt, "body", None)
-            if isinstance(body, tvm.ir.Node):
+            if isinstance(body, tirx.Stmt):
                 visit(body, loops, binds)
 
     def check(store, loops, binds) -> None:

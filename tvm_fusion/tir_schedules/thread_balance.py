@@ -16,7 +16,7 @@ from tvm import s_tir, sym, tirx
 from .. import symbolic
 from ..tir_utils import substitute
 from .gemm_template import thread_shares
-from .work import _extent, _stmt_ops
+from .work import executed_ops, extent_of
 
 __all__ = ["kernel_balance", "loop_shares", "parallel_loops", "stmt_ops"]
 
@@ -35,9 +35,9 @@ def parallel_loops(func) -> list[tuple[int, int, int, int]]:
         elif isinstance(stmt, tirx.For):
             if stmt.kind == tirx.ForKind.PARALLEL:
                 ops = stmt_ops(stmt)
-                found.append((_extent(stmt.extent), trips, trips * ops, stmt))
+                found.append((extent_of(stmt.extent), trips, trips * ops, stmt))
                 return
-            visit(stmt.body, trips * _extent(stmt.extent))
+            visit(stmt.body, trips * extent_of(stmt.extent))
         elif isinstance(stmt, tirx.IfThenElse):
             visit(stmt.then_case, trips)
         elif isinstance(stmt, s_tir.SBlockRealize):
@@ -84,7 +84,7 @@ def stmt_ops(stmt, env: dict | None = None, analyzer=None) -> int:
                 return count(stmt.else_case) if stmt.else_case is not None else 0
             return count(stmt.then_case)
         if isinstance(stmt, tirx.BufferStore):
-            return _stmt_ops(stmt)
+            return executed_ops(stmt)
         if isinstance(stmt, tirx.Evaluate):
             return 1
         body = getattr(stmt, "body", None)
@@ -97,7 +97,7 @@ def loop_shares(loop, threads: int, limit: int = 4096) -> list[int]:
     """Ops each of ``threads`` threads executes of parallel ``loop`` (TVM gives thread t the
     iterations [t·c, (t+1)·c), c = ceil(extent / threads)); iterations counted one by one up
     to ``limit`` of them, else taken as equal."""
-    total_extent = _extent(loop.extent)
+    total_extent = extent_of(loop.extent)
     if total_extent <= 0:
         return [0] * threads
     chunk = -(-total_extent // threads)

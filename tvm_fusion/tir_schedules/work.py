@@ -23,7 +23,8 @@ from ..tir_utils import buffer_loads, substitute
 from .analysis import expr_cost
 from .cpu_target import CACHE_LINE_BYTES
 
-__all__ = ["Work", "executed_work", "recomputed_blocks", "scattered_stores"]
+__all__ = ["Work", "executed_ops", "executed_work", "extent_of", "recomputed_blocks",
+           "scattered_stores"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class Work:
 def executed_work(func: tirx.PrimFunc) -> Work:
     """The work of one call of ``func`` (scheduled or not: loop splits keep the product of
     their extents, so a schedule changes the count only where it changes what executes)."""
-    return Work(_stmt_ops(func.body), _boundary_bytes(func))
+    return Work(executed_ops(func.body), _boundary_bytes(func))
 
 
 def _boundary_bytes(func: tirx.PrimFunc) -> int:
@@ -58,32 +59,32 @@ def _boundary_bytes(func: tirx.PrimFunc) -> int:
     return total
 
 
-def _extent(expr) -> int:
+def extent_of(expr) -> int:
     return max(symbolic.extent(expr), 0) if not isinstance(expr, int) else expr
 
 
-def _stmt_ops(stmt) -> int:
+def executed_ops(stmt) -> int:
     """Executed operations of ``stmt`` (recursive over TIR's statement kinds; an ``if`` is
     counted as taken: a bound check around a remainder is nearly always true)."""
     if stmt is None:
         return 0
     if isinstance(stmt, tirx.SeqStmt):
-        return sum(_stmt_ops(s) for s in stmt.seq)
+        return sum(executed_ops(s) for s in stmt.seq)
     if isinstance(stmt, tirx.For):
-        return _extent(stmt.extent) * _stmt_ops(stmt.body)
+        return extent_of(stmt.extent) * executed_ops(stmt.body)
     if isinstance(stmt, s_tir.SBlockRealize):
-        return _stmt_ops(stmt.block)
+        return executed_ops(stmt.block)
     if isinstance(stmt, s_tir.SBlock):
         # the init of a reduction runs once per output: far less than its body; left out
-        return _stmt_ops(stmt.body)
+        return executed_ops(stmt.body)
     if isinstance(stmt, tirx.BufferStore):
         return expr_cost(stmt.value) + len(buffer_loads(stmt.value)) + 1
     if isinstance(stmt, tirx.IfThenElse):
-        return _stmt_ops(stmt.then_case)
+        return executed_ops(stmt.then_case)
     if isinstance(stmt, tirx.While):
-        return _stmt_ops(stmt.body)
+        return executed_ops(stmt.body)
     body = getattr(stmt, "body", None)  # LetStmt, AttrStmt, DeclBuffer, Allocate...
-    return _stmt_ops(body) if isinstance(body, tirx.Stmt) else 0
+    return executed_ops(body) if isinstance(body, tirx.Stmt) else 0
 
 
 def recomputed_blocks(func: tirx.PrimFunc) -> list[tuple[str, float]]:
@@ -99,13 +100,13 @@ def recomputed_blocks(func: tirx.PrimFunc) -> list[tuple[str, float]]:
             for s in stmt.seq:
                 visit(s, trips)
         elif isinstance(stmt, tirx.For):
-            visit(stmt.body, trips * _extent(stmt.extent))
+            visit(stmt.body, trips * extent_of(stmt.extent))
         elif isinstance(stmt, s_tir.SBlockRealize):
             block = stmt.block
             if block.iter_vars:
                 space = 1
                 for iv in block.iter_vars:
-                    space *= _extent(iv.dom.extent)
+                    space *= extent_of(iv.dom.extent)
                 if trips > space:
                     found.append((block.name_hint, trips / max(space, 1)))
             visit(block.body, 1 if block.iter_vars and trips > 0 else trips)
@@ -160,7 +161,7 @@ def scattered_stores(func: tirx.PrimFunc, line_bytes: int = CACHE_LINE_BYTES
 
     def check(store, loops, binds) -> None:
         nonlocal total
-        if store.buffer not in params or not loops or _extent(loops[-1].extent) < 2:
+        if store.buffer not in params or not loops or extent_of(loops[-1].extent) < 2:
             return
         loop = loops[-1]
         flat = 0
@@ -174,7 +175,7 @@ def scattered_stores(func: tirx.PrimFunc, line_bytes: int = CACHE_LINE_BYTES
         if abs(int(step.value)) * elem >= line_bytes:
             count = 1
             for f in loops:
-                count *= _extent(f.extent)
+                count *= extent_of(f.extent)
             total += count
             scattered.add(store.buffer)
 

@@ -533,10 +533,8 @@ def test_depthwise_7x7_tile_per_isa(cpu, note):
     rows (8 of 16 registers), not unrolled (unrolled it spilled: 0.57 → 0.69 ms on Zen 4)."""
     model = _conv_model(8, 8, 56, 7, group=8)
     _check(model, conv_layout="NCHW")  # numerics on the test target
-    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 1})
-    notes = "\n".join(n for f in fuse(import_onnx(model), target, conv_layout="NCHW")
-                      .functions.values() if f.attrs is not None and SCHEDULE_ATTR in f.attrs
-                      for n in f.attrs[SCHEDULE_ATTR])
+    notes = _nchw_schedule_notes(import_onnx(model),
+                                 tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 1}))
     assert note in notes, notes
 
 
@@ -554,10 +552,8 @@ def test_strided_rows_of_pieces_keep_the_window_rolled(cpu, size, kernel, stride
     register and loads of two pieces (AVX2's 14 and 5 lanes) stay unrolled."""
     model = _conv_model(8, 8, size, kernel, stride, group=8)
     _check(model, conv_layout="NCHW")  # numerics on the test target
-    target = tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 1})
-    notes = "\n".join(n for f in fuse(import_onnx(model), target, conv_layout="NCHW")
-                      .functions.values() if f.attrs is not None and SCHEDULE_ATTR in f.attrs
-                      for n in f.attrs[SCHEDULE_ATTR])
+    notes = _nchw_schedule_notes(import_onnx(model),
+                                 tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 1}))
     assert note in notes, notes
 
 
@@ -600,7 +596,12 @@ def test_window_rows_on_the_host_cpu(op, size, kernel, stride):
     plain = run(compile_model(mod, target, schedule=False, conv_layout="NCHW"), inputs)
     compare(ours, plain, rtol=RTOL, atol=ATOL)
     compare(ours, onnx_reference(model, feeds), rtol=RTOL, atol=1e-4)
-    notes = "\n".join(n for f in fuse(mod, target, conv_layout="NCHW").functions.values()
-                      if f.attrs is not None and SCHEDULE_ATTR in f.attrs
-                      for n in f.attrs[SCHEDULE_ATTR])
+    notes = _nchw_schedule_notes(mod, target)
     assert "window rows" in notes, notes
+
+
+def _nchw_schedule_notes(mod, target) -> str:
+    """Every kernel's schedule notes, the convs kept NCHW (direct, not the packed GEMM)."""
+    return "\n".join(n for f in fuse(mod, target, conv_layout="NCHW").functions.values()
+                     if f.attrs is not None and SCHEDULE_ATTR in f.attrs
+                     for n in f.attrs[SCHEDULE_ATTR])

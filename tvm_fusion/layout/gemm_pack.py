@@ -117,6 +117,19 @@ def _zero_padded(x: te.Tensor, top: int, left: int, height: int, width: int):
     return padded
 
 
+def conv_out_extent(size, padding: int, kernel: int, stride: int, dilation: int):
+    """Output positions of a conv along one axis (``padding``: both sides together)."""
+    return (size + padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def conv_out_hw(hw, kernel: tuple[int, int], strides: tuple[int, int],
+                padding: tuple[int, int, int, int], dilation: tuple[int, int]) -> tuple:
+    """``(out_h, out_w)`` of a 2-D conv; ``padding`` is (top, left, bottom, right)."""
+    top, left, bottom, right = padding
+    return (conv_out_extent(hw[0], top + bottom, kernel[0], strides[0], dilation[0]),
+            conv_out_extent(hw[1], left + right, kernel[1], strides[1], dilation[1]))
+
+
 def panel_width(n: int, params: CpuParams) -> int:
     """NR of the panels for N columns: the ISA's tile, or fewer whole vectors when N is
     smaller (a 1- or 17-column B is not padded to 24)."""
@@ -224,8 +237,7 @@ def plan_conv_gemm(shape: list[int], kernel: tuple[int, int], strides: tuple[int
     batch, _, height, width = shape
     kh, kw = kernel
     top, left, bottom, right = padding
-    out_h = (height + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
-    out_w = (width + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    out_h, out_w = conv_out_hw((height, width), (kh, kw), strides, padding, dilation)
     if out_h <= 0 or out_w <= 0 or 0 in shape:
         return None
     plan = _plan_by_columns(shape, kernel, strides, padding, dilation, params, out_h, out_w,
@@ -379,8 +391,7 @@ def channels_in_lanes(shape: list[int], kernel: tuple[int, int], strides: tuple[
     if per_group % lanes or any(not isinstance(d, int) for d in shape):
         return False
     kh, kw = kernel
-    out_h = (shape[2] + padding[0] + padding[2] - dilation[0] * (kh - 1) - 1) // strides[0] + 1
-    out_w = (shape[3] + padding[1] + padding[3] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    out_h, out_w = conv_out_hw(shape[2:], kernel, strides, padding, dilation)
     if out_h <= 0 or out_w <= 0:
         return False
     if lane_use(pick_vector_tile(out_w, lanes), lanes) > 0.5:
@@ -405,8 +416,7 @@ def grouped_conv2d_lanes(x: te.Tensor, w: te.Tensor, strides: tuple[int, int],
     batch, _, height, width = (int(d) for d in x.shape)
     groups, channels, kh, kw, per_group = (int(d) for d in w.shape)
     top, left, bottom, right = padding
-    out_h = (height + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
-    out_w = (width + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    out_h, out_w = conv_out_hw((height, width), (kh, kw), strides, padding, dilation)
     padded = x
     if any(padding):
         padded = te.compute((batch, groups * channels, height + top + bottom,
@@ -439,8 +449,7 @@ def depthwise_in_lanes(shape: list[int], kernel: tuple[int, int], strides: tuple
     lanes = params.lanes
     if shape[1] % lanes or any(not isinstance(d, int) for d in shape):
         return False
-    kw = kernel[1]
-    out_w = (shape[3] + padding[1] + padding[3] - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    out_w = conv_out_hw(shape[2:], kernel, strides, padding, dilation)[1]
     return out_w > 1 and lane_use(pick_vector_tile(out_w, lanes), lanes) <= 0.5
 
 
@@ -459,8 +468,7 @@ def depthwise_conv2d_lanes(x: te.Tensor, w: te.Tensor, strides: tuple[int, int],
     batch, channels, height, width = (int(d) for d in x.shape)
     blocks, kh, kw, lanes = (int(d) for d in w.shape)
     top, left, bottom, right = padding
-    out_h = (height + top + bottom - dilation[0] * (kh - 1) - 1) // strides[0] + 1
-    out_w = (width + left + right - dilation[1] * (kw - 1) - 1) // strides[1] + 1
+    out_h, out_w = conv_out_hw((height, width), (kh, kw), strides, padding, dilation)
     pad = _zero_padded(x, top, left, height, width)
     x_lanes = te.compute((batch, blocks, height + top + bottom, width + left + right, lanes),
                          lambda b, k, h, col, lane: pad(b, k * lanes + lane, h, col),
@@ -531,7 +539,7 @@ def fold_conv3d(shape: list[int], kernel: tuple[int, int, int], strides: tuple[i
     batch, channels, depth, height, width = shape
     (kd, kh, kw), (sd, sh, sw), (dd, dh, dw) = kernel, strides, dilation
     front, top, left, back, bottom, right = padding
-    out_d = (depth + front + back - dd * (kd - 1) - 1) // sd + 1
+    out_d = conv_out_extent(depth, front + back, kd, sd, dd)
     if out_d <= 0:
         return None
     if (kh, kw, sh, sw) == (1, 1, 1, 1) and not any((top, left, bottom, right)):

@@ -51,6 +51,7 @@ from tvm.script import tirx as T
 
 from ..tir_schedules.cpu_target import CpuParams, cpu_params, has_feature
 from ..tir_schedules.records import SCHEDULE_ATTR
+from .gemm_pack import conv_out_hw
 
 INT8_CONV = "conv2d_int8"
 NOTES_ATTR = "tvm_fusion.int8_convs"
@@ -94,10 +95,8 @@ class Int8Conv:
 
     @property
     def out_hw(self) -> tuple[int, int]:
-        (kh, kw), (sh, sw), (dh, dw) = self.kernel, self.strides, self.dilation
-        top, left, bottom, right = self.padding
-        return ((self.height + top + bottom - dh * (kh - 1) - 1) // sh + 1,
-                (self.width + left + right - dw * (kw - 1) - 1) // sw + 1)
+        return conv_out_hw((self.height, self.width), self.kernel, self.strides, self.padding,
+                           self.dilation)
 
 
 @dataclass(frozen=True)

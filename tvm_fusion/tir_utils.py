@@ -98,6 +98,24 @@ def substitute(expr, mapping: dict):
         expr, [(tvm.ir.Var, lambda var: handles.get(var.__chandle__(), var))])
 
 
+def stmt_children(stmt, else_case: bool = False) -> list:
+    """The statements directly under ``stmt`` that the walkers of executed work descend into:
+    a sequence's items, the body of a loop, block, let, attribute or allocation, a block
+    realize's block, an ``if``'s then-branch (and its else-branch with ``else_case``). A
+    block's init is left out (it runs once per output: far less than its body)."""
+    if stmt is None:
+        return []
+    if isinstance(stmt, tirx.SeqStmt):
+        return list(stmt.seq)
+    if isinstance(stmt, tirx.IfThenElse):
+        return [s for s in (stmt.then_case, stmt.else_case if else_case else None)
+                if s is not None]
+    if isinstance(stmt, s_tir.SBlockRealize):
+        return [stmt.block]
+    body = getattr(stmt, "body", None)
+    return [body] if isinstance(body, tirx.Stmt) else []
+
+
 def buffer_loads(node) -> list:
     """Every buffer load (``ir.TensorLoad`` in 0.27; its buffer is ``.source``) under ``node``."""
     return find_all(node, tvm.ir.expr.TensorLoad)

@@ -11,10 +11,9 @@ each kernel's measured one-thread time; the tests check the schedules with them.
 
 from __future__ import annotations
 
-from tvm import s_tir, sym, tirx
+from tvm import sym, tirx
 
-from .. import symbolic
-from ..tir_utils import substitute
+from ..tir_utils import stmt_children, substitute
 from .gemm_template import thread_shares
 from .work import executed_ops, extent_of
 
@@ -27,25 +26,14 @@ def parallel_loops(func) -> list[tuple[int, int, int, int]]:
     found = []
 
     def visit(stmt, trips: int) -> None:
-        if stmt is None:
-            return
-        if isinstance(stmt, tirx.SeqStmt):
-            for s in stmt.seq:
-                visit(s, trips)
-        elif isinstance(stmt, tirx.For):
+        if isinstance(stmt, tirx.For):
             if stmt.kind == tirx.ForKind.PARALLEL:
                 ops = stmt_ops(stmt)
                 found.append((extent_of(stmt.extent), trips, trips * ops, stmt))
                 return
-            visit(stmt.body, trips * extent_of(stmt.extent))
-        elif isinstance(stmt, tirx.IfThenElse):
-            visit(stmt.then_case, trips)
-        elif isinstance(stmt, s_tir.SBlockRealize):
-            visit(stmt.block, trips)
-        else:  # SBlock, LetStmt, AttrStmt, DeclBuffer, Allocate...
-            body = getattr(stmt, "body", None)
-            if isinstance(body, tirx.Stmt):
-                visit(body, trips)
+            trips *= extent_of(stmt.extent)
+        for child in stmt_children(stmt):
+            visit(child, trips)
 
     visit(func.body, 1)
     return found
@@ -65,19 +53,7 @@ def stmt_ops(stmt, env: dict | None = None, analyzer=None) -> int:
             expr = analyzer.simplify(substitute(expr, env))
         return expr
 
-    def extent(expr) -> int:
-        expr = value(expr)
-        if isinstance(expr, tirx.IntImm):
-            return max(int(expr.value), 0)
-        return max(symbolic.extent(expr), 0)
-
     def count(stmt) -> int:
-        if isinstance(stmt, tirx.SeqStmt):
-            return sum(count(s) for s in stmt.seq)
-        if isinstance(stmt, tirx.For):
-            return extent(stmt.extent) * count(stmt.body)
-        if isinstance(stmt, s_tir.SBlockRealize):
-            return count(stmt.block)
         if isinstance(stmt, tirx.IfThenElse):
             cond = value(stmt.condition)
             if isinstance(cond, tirx.IntImm) and not cond.value:
@@ -87,8 +63,8 @@ def stmt_ops(stmt, env: dict | None = None, analyzer=None) -> int:
             return executed_ops(stmt)
         if isinstance(stmt, tirx.Evaluate):
             return 1
-        body = getattr(stmt, "body", None)
-        return count(body) if isinstance(body, tirx.Stmt) else 0
+        trips = extent_of(value(stmt.extent)) if isinstance(stmt, tirx.For) else 1
+        return trips * sum(count(child) for child in stmt_children(stmt))
 
     return count(stmt)
 

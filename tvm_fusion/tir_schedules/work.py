@@ -19,7 +19,7 @@ import tvm
 from tvm import s_tir, sym, tirx
 
 from .. import symbolic
-from ..tir_utils import buffer_loads, substitute
+from ..tir_utils import buffer_loads, stmt_children, substitute
 from .analysis import expr_cost
 from .cpu_target import CACHE_LINE_BYTES
 
@@ -66,25 +66,10 @@ def extent_of(expr) -> int:
 def executed_ops(stmt) -> int:
     """Executed operations of ``stmt`` (recursive over TIR's statement kinds; an ``if`` is
     counted as taken: a bound check around a remainder is nearly always true)."""
-    if stmt is None:
-        return 0
-    if isinstance(stmt, tirx.SeqStmt):
-        return sum(executed_ops(s) for s in stmt.seq)
-    if isinstance(stmt, tirx.For):
-        return extent_of(stmt.extent) * executed_ops(stmt.body)
-    if isinstance(stmt, s_tir.SBlockRealize):
-        return executed_ops(stmt.block)
-    if isinstance(stmt, s_tir.SBlock):
-        # the init of a reduction runs once per output: far less than its body; left out
-        return executed_ops(stmt.body)
     if isinstance(stmt, tirx.BufferStore):
         return expr_cost(stmt.value) + len(buffer_loads(stmt.value)) + 1
-    if isinstance(stmt, tirx.IfThenElse):
-        return executed_ops(stmt.then_case)
-    if isinstance(stmt, tirx.While):
-        return executed_ops(stmt.body)
-    body = getattr(stmt, "body", None)  # LetStmt, AttrStmt, DeclBuffer, Allocate...
-    return executed_ops(body) if isinstance(body, tirx.Stmt) else 0
+    trips = extent_of(stmt.extent) if isinstance(stmt, tirx.For) else 1
+    return trips * sum(executed_ops(s) for s in stmt_children(stmt))
 
 
 def recomputed_blocks(func: tirx.PrimFunc) -> list[tuple[str, float]]:
@@ -94,14 +79,7 @@ def recomputed_blocks(func: tirx.PrimFunc) -> list[tuple[str, float]]:
     found: list[tuple[str, float]] = []
 
     def visit(stmt, trips: int) -> None:
-        if stmt is None:
-            return
-        if isinstance(stmt, tirx.SeqStmt):
-            for s in stmt.seq:
-                visit(s, trips)
-        elif isinstance(stmt, tirx.For):
-            visit(stmt.body, trips * extent_of(stmt.extent))
-        elif isinstance(stmt, s_tir.SBlockRealize):
+        if isinstance(stmt, s_tir.SBlockRealize):
             block = stmt.block
             if block.iter_vars:
                 space = 1
@@ -110,12 +88,11 @@ def recomputed_blocks(func: tirx.PrimFunc) -> list[tuple[str, float]]:
                 if trips > space:
                     found.append((block.name_hint, trips / max(space, 1)))
             visit(block.body, 1 if block.iter_vars and trips > 0 else trips)
-        elif isinstance(stmt, tirx.IfThenElse):
-            visit(stmt.then_case, trips)
-        else:
-            body = getattr(stmt, "body", None)
-            if isinstance(body, tirx.Stmt):
-                visit(body, trips)
+            return
+        if isinstance(stmt, tirx.For):
+            trips *= extent_of(stmt.extent)
+        for child in stmt_children(stmt):
+            visit(child, trips)
 
     visit(func.body, 1)
     return found
@@ -136,28 +113,20 @@ def scattered_stores(func: tirx.PrimFunc, line_bytes: int = CACHE_LINE_BYTES
     scattered: set = set()
 
     def visit(stmt, loops, binds) -> None:
-        if stmt is None:
-            return
-        if isinstance(stmt, tirx.SeqStmt):
-            for s in stmt.seq:
-                visit(s, loops, binds)
-        elif isinstance(stmt, tirx.For):
-            visit(stmt.body, loops + [stmt], binds)
-        elif isinstance(stmt, s_tir.SBlockRealize):
+        if isinstance(stmt, s_tir.SBlockRealize):
             block = stmt.block
             inner = dict(binds)
             inner.update({iv.var: substitute(value, binds)
                           for iv, value in zip(block.iter_vars, stmt.iter_values)})
             visit(block.body, loops, inner)
-        elif isinstance(stmt, tirx.BufferStore):
+            return
+        if isinstance(stmt, tirx.BufferStore):
             check(stmt, loops, binds)
-        elif isinstance(stmt, tirx.IfThenElse):
-            visit(stmt.then_case, loops, binds)
-            visit(stmt.else_case, loops, binds)
-        else:
-            body = getattr(stmt, "body", None)
-            if isinstance(body, tirx.Stmt):
-                visit(body, loops, binds)
+            return
+        if isinstance(stmt, tirx.For):
+            loops = loops + [stmt]
+        for child in stmt_children(stmt, else_case=True):
+            visit(child, loops, binds)
 
     def check(store, loops, binds) -> None:
         nonlocal total

@@ -34,6 +34,11 @@ _BINARY_COST = {tirx.Add: 1, tirx.Sub: 1, tirx.Mul: 1, tirx.Min: 1, tirx.Max: 1,
                 tirx.And: 1, tirx.Or: 1, tirx.Not: 1, tirx.Select: 1}
 
 
+# What a schedule primitive raises when it cannot apply: its own ScheduleError, or, from checks
+# deeper in TVM 0.27, an InternalError (compute_at without a bound for the region, the inliner on
+# a fenced quantize, rfactor of a 0-d sum: fuzzer seeds 2, 683, 1222).
+PRIMITIVE_ERRORS = (s_tir.ScheduleError, tvm.error.InternalError)
+
 @dataclass
 class Read:
     """One read of a buffer inside a block: its buffer name and index expressions."""

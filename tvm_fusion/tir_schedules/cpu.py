@@ -24,7 +24,14 @@ from tvm import s_tir
 from tvm.s_tir import SBlockRealize
 
 from ..tir_utils import buffer_loads, const_int, find_all
-from .analysis import BlockFacts, block_facts, index_uses, param_names, root_block
+from .analysis import (
+    PRIMITIVE_ERRORS,
+    BlockFacts,
+    block_facts,
+    index_uses,
+    param_names,
+    root_block,
+)
 from .cpu_target import CpuParams
 from .cpu_tile import (
     deinterleave_strided,
@@ -252,7 +259,7 @@ def _shallowest_same_work(sch: s_tir.Schedule, block_rv, loops: list, depth: int
         trial = sch.copy()
         try:
             trial.compute_at(block_rv, loops[at], preserve_unit_loops=True)
-        except (s_tir.ScheduleError, tvm.error.InternalError):
+        except PRIMITIVE_ERRORS:
             return None
         extents = [loop_extent(trial, lp) for lp in trial.get_loops(block_rv)[at + 1:]]
         return None if None in extents else int(np.prod(extents, dtype=np.int64))
@@ -290,7 +297,7 @@ def _split_lanes(sch: s_tir.Schedule, group: list, params: CpuParams) -> tuple[l
             axis = len(facts.write_indices)
             try:  # on a copy first: TVM's rfactor of a 0-d sum fails with an InternalError
                 _rfactor_lanes(sch.copy(), run, step, axis)  # (fuzzer seed 1222)
-            except (s_tir.ScheduleError, tvm.error.InternalError):
+            except PRIMITIVE_ERRORS:
                 pass  # not a recognised reducer: stays a serial reduction
             else:
                 rf = _rfactor_lanes(sch, run, step, axis)

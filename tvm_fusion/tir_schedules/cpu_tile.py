@@ -27,6 +27,7 @@ from tvm.tirx.stmt import BufferStore
 
 from ..tir_utils import buffer_loads, const_int, find_all, is_reduction_block
 from .analysis import (
+    PRIMITIVE_ERRORS,
     BlockFacts,
     alloc_buffers,
     block_facts,
@@ -436,9 +437,7 @@ def fold_epilogue_chain(sch: s_tir.Schedule, wb, ready: set[str], trial: bool = 
             try:
                 _hide_reads(step, consumers[0], ready)
                 step.reverse_compute_inline(consumers[0])
-            except (s_tir.ScheduleError, tvm.error.InternalError):
-                # InternalError: TVM's inliner on a fenced quantize over a symbolic mean
-                # (``x * mean / float(N)``, fuzzer seed 683): "Cannot dispatch a null expression"
+            except PRIMITIVE_ERRORS:
                 return fused, [consumers[0]]
         fused.append(cf.name)
 

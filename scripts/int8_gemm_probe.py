@@ -43,7 +43,7 @@ import tvm  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
 
 from tvm_fusion.target import to_target  # noqa: E402
-from tvm_fusion.tir_schedules.cpu_target import _has, cpu_params  # noqa: E402
+from tvm_fusion.tir_schedules.cpu_target import cpu_params, has_feature  # noqa: E402
 
 # per form: (k values per int32 lane, B element dtype, LLVM intrinsic)
 FORMS = {
@@ -56,10 +56,10 @@ FORMS = {
 def form_of(target: tvm.target.Target) -> str | None:
     """The exact integer dot product ``target`` has, or None."""
     params = cpu_params(target)
-    if params.isa == "avx512" and _has(target, "avx512vnni"):
+    if params.isa == "avx512" and has_feature(target, "avx512vnni"):
         return "vnni"
     if params.isa == "neon":
-        return "sdot" if _has(target, "dotprod") else None
+        return "sdot" if has_feature(target, "dotprod") else None
     if params.isa in ("avx512", "avx2", "avx", "sse"):
         return "pmaddwd"
     return None

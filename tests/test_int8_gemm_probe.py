@@ -12,7 +12,7 @@ import pytest
 import tvm
 from asm_inspect import AARCH64, ZEN3, innermost_loops
 
-from tvm_fusion.tir_schedules.cpu_target import _has
+from tvm_fusion.tir_schedules.cpu_target import has_feature
 
 ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 1})
 DOTPROD = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu",
@@ -28,7 +28,7 @@ _spec.loader.exec_module(probe)
 def _host_has(feature: str) -> bool:
     host = tvm.target.Target({"kind": "llvm",
                               "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
-    return _has(host, feature)
+    return has_feature(host, feature)
 
 
 @pytest.mark.parametrize("target,form", [(ZEN4, "vnni"), (ZEN3, "pmaddwd"),

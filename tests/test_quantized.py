@@ -33,7 +33,7 @@ from tvm_fusion.numerics import check_outputs, onnx_reference
 from tvm_fusion.relay_passes.widening import duplicate_widening
 from tvm_fusion.target import host_target
 from tvm_fusion.testing.notes import schedule_notes
-from tvm_fusion.tir_schedules.cpu_target import _has
+from tvm_fusion.tir_schedules.cpu_target import has_feature
 from tvm_fusion.tir_schedules.rounding import converts_to_int, fence_producers, is_fence
 from tvm_fusion.tir_utils import buffer_stores, find_all
 
@@ -270,8 +270,8 @@ def test_fenced_rows_that_whole_vectors_do_not_divide_are_vectorised_in_tir(mcpu
 def _host_runs(target) -> bool:
     host = tvm.target.Target({"kind": "llvm",
                               "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
-    return all(_has(host, f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni")
-               if _has(target, f))
+    return all(has_feature(host, f) for f in ("avx512f", "avx512bw", "avx512vl", "avx512vnni")
+               if has_feature(target, f))
 
 
 def test_each_reader_of_a_dequantize_gets_its_own_copy():

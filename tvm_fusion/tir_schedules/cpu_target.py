@@ -179,17 +179,17 @@ def _simd_params(target: tvm.target.Target, cores: int) -> CpuParams:
         cores = int(attrs["num-cores"])
     triple = str(attrs.get("mtriple", "")) if "mtriple" in attrs else ""
     if triple.startswith(("aarch64", "arm64")):  # NEON: 128-bit, 32 registers
-        return CpuParams(4, 24, cores, native_fp16=_has(target, "fullfp16"), isa="neon",
+        return CpuParams(4, 24, cores, native_fp16=has_feature(target, "fullfp16"), isa="neon",
                          vector_registers=32)
     if triple.startswith(("arm", "riscv", "wasm")):
         return CpuParams(4, 12, cores)
-    if _has(target, "avx512f"):
+    if has_feature(target, "avx512f"):
         mcpu = str(attrs["mcpu"]) if "mcpu" in attrs else host_cpu()
         loads = 2.0 / FMA512_PER_CYCLE.get(mcpu, 2)  # two loads a cycle
-        return CpuParams(16, 24, cores, native_fp16=_has(target, "avx512fp16"), isa="avx512",
+        return CpuParams(16, 24, cores, native_fp16=has_feature(target, "avx512fp16"), isa="avx512",
                          vector_registers=32, loads_per_fma=loads)
-    if _has(target, "avx2") or _has(target, "avx"):
-        return CpuParams(8, 12, cores, isa="avx2" if _has(target, "fma") else "avx")
+    if has_feature(target, "avx2") or has_feature(target, "avx"):
+        return CpuParams(8, 12, cores, isa="avx2" if has_feature(target, "fma") else "avx")
     return CpuParams(4, 12, cores, isa="sse")  # SSE2: what a bare "llvm" gets on x86-64
 
 
@@ -198,18 +198,14 @@ def _cache_fields(l1d: Cache, l2: Cache) -> dict:
             "l2_ways": l2.ways}
 
 
-def _has(target: tvm.target.Target, feature: str) -> bool:
+def has_feature(target: tvm.target.Target, feature: str) -> bool:
+    """Whether LLVM's model of ``target``'s CPU has ``feature`` (``"avx512vnni"``,
+    ``"dotprod"``); False where LLVM cannot say."""
     try:
         with target:
             return bool(codegen.llvm_cpu_has_features(feature, target))
     except Exception:  # noqa: BLE001 (an LLVM without that query: assume the baseline)
         return False
-
-
-def has_feature(target: tvm.target.Target, feature: str) -> bool:
-    """Whether LLVM's model of ``target``'s CPU has ``feature`` (``"avx512vnni"``,
-    ``"dotprod"``); False where LLVM cannot say."""
-    return _has(target, feature)
 
 
 def _caches(target: tvm.target.Target) -> tuple[Cache, Cache]:

@@ -370,3 +370,18 @@ def test_depthwise_conv_storing_nhwc_once_stays_fused():
     assert plan.guard == []
     assert any("smartmem_copy" in g.name_hint and "conv2d" in g.name_hint
                for g in mod.get_global_vars())
+
+
+def test_executed_work_counts_under_attribute_statements():
+    """The op counts descend into the body of an attribute, let or allocation statement (the
+    packed GEMM's nest has them): ``isinstance(body, tvm.ir.Node)`` matched no TIR statement in
+    0.27, so whatever was under them counted as zero."""
+    from tvm import tirx
+
+    from tvm_fusion.tir_schedules.work import executed_ops
+    buf = tirx.decl_buffer((8,), "float32", "b")
+    i = tirx.Var("i", "int64")
+    loop = tirx.For(i, tirx.const(0, "int64"), tirx.const(8, "int64"), tirx.ForKind.SERIAL,
+                    tirx.BufferStore(buf, tirx.const(1.0, "float32"), [i]))
+    attr = tirx.AttrStmt(buf.data, "pragma_unroll", tirx.const(1, "int32"), loop)
+    assert executed_ops(attr) == executed_ops(loop) == 8

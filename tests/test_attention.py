@@ -303,7 +303,8 @@ def test_tiles_follow_the_target():
 def test_key_tile_follows_a_short_static_key_length(cpu):
     """Swin's 7x7 windows: 49 keys. The key tile is the keys rounded up to the Q.K^T register
     tile (64), not the L1-sized 128 it was, which computed Q.K^T and P.V 2.6 times over; the
-    P.V loop runs over the tile's 49 keys. Before: 128 keys per tile."""
+    P.V loop runs over the tile's 49 keys. Before: 128 keys per tile on AVX-512, P.V over 64
+    on AVX2 (whose tile was 64 already)."""
     from tvm_fusion.tir_schedules.attention import build_cpu_attention
     from tvm_fusion.tir_schedules.work import executed_work
 

@@ -297,6 +297,40 @@ def test_tiles_follow_the_target():
     assert decode.mr == 1 and decode.bq == 1
 
 
+@pytest.mark.parametrize("cpu", [CpuParams(16, 24, 2, l1d_bytes=32 << 10, l2_bytes=1 << 20),
+                                 CpuParams(8, 12, 2, l1d_bytes=32 << 10, l2_bytes=512 << 10)],
+                         ids=["avx512", "avx2"])
+def test_key_tile_follows_a_short_static_key_length(cpu):
+    """Swin's 7x7 windows: 49 keys. The key tile is the keys rounded up to the Q.K^T register
+    tile (64), not the L1-sized 128 it was, which computed Q.K^T and P.V 2.6 times over; the
+    P.V loop runs over the tile's 49 keys. Before: 128 keys per tile on AVX-512, P.V over 64
+    on AVX2 (whose tile was 64 already)."""
+    from tvm_fusion.tir_schedules.attention import build_cpu_attention
+    from tvm_fusion.tir_schedules.work import executed_work
+
+    mod = fuse(import_onnx(attention_model("swin", head_dim=32)), TARGET, schedule=False)
+    (pattern,) = [match_attention(f) for f in mod.functions.values()
+                  if isinstance(f, tvm.tirx.PrimFunc)]
+    assert int(pattern.sk) == 49
+    free = choose_tiles(pattern, cpu, rows_hint=49)
+    tiles = choose_tiles(pattern, cpu, rows_hint=49, keys_hint=49)
+    assert free.bk == 4 * free.nr and tiles.bk == 64 and tiles.nr == 2 * cpu.lanes
+    assert (tiles.bq, tiles.mr, tiles.nv) == (free.bq, free.mr, free.nv)
+    assert choose_tiles(pattern, cpu, keys_hint=300).bk == free.bk  # long: L1's tile
+    fused, notes = build_cpu_attention(pattern, cpu)
+    assert "x 64 keys per tile" in notes[0]
+    # the P.V loop runs over the tile's keys, min(64, 49 - j0), not over its 64
+    pv = [f for f in find_all(fused.body, tvm.tirx.For)
+          if isinstance(f.extent, tvm.tirx.Min) and int(f.min) == 0
+          and any([int(d) for d in x.source.shape] == [64, 32]
+                  for x in find_all(f.body, tvm.ir.expr.TensorLoad))]
+    assert len(pv) == 1
+    # AVX-512's free tile is 128 keys: Q.K^T over 64 instead, P.V over 49 (about 2.6x less)
+    before, _ = build_cpu_attention(pattern, cpu, free)
+    if free.bk == 128:
+        assert executed_work(fused).ops < 0.6 * executed_work(before).ops
+
+
 # ---------------------------------------------------------------------------------- GPU
 
 OPENCL = tvm.target.Target({"kind": "opencl"}, host="llvm")

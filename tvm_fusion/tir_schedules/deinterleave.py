@@ -23,7 +23,7 @@ from __future__ import annotations
 import tvm
 from tvm import sym, tirx
 from tvm.ir.expr import TensorLoad
-from tvm.s_tir import SBlockRealize
+from tvm.s_tir import SBlock, SBlockRealize
 
 from ..tir_utils import const_int, substitute
 from .analysis import uses_any
@@ -76,8 +76,14 @@ def _rewrite(loop: tirx.For) -> tirx.Stmt | None:
             or not isinstance(pad, (tirx.FloatImm, tirx.IntImm)):
         return None
     ivs = [iv.var for iv in block.iter_vars]
-    if len(store.indices) != len(ivs) or len(ivs) < 2 or \
-            not all(isinstance(i, tvm.ir.Var) and i.same_as(v) for i, v in zip(store.indices, ivs)):
+    # a layout given by transform_layout + transform_block_layout (a depthwise conv's
+    # even/odd padding) stores at (q·S + ph) % S, (q·S + ph) // S: ph and q in their ranges
+    bounded = sym.Analyzer()
+    for iv in block.iter_vars[-2:]:
+        bounded.bind(iv.var, iv.dom)
+    indices = [bounded.simplify(i) for i in store.indices]
+    if len(indices) != len(ivs) or len(ivs) < 2 or \
+            not all(isinstance(i, tvm.ir.Var) and i.same_as(v) for i, v in zip(indices, ivs)):
         return None
     v_ph, v_q = ivs[-2], ivs[-1]
     values = list(realize.iter_values)
@@ -118,7 +124,7 @@ def _rewrite(loop: tirx.For) -> tirx.Stmt | None:
 
         def sub(expr):
             return substitute(expr, mapping)
-        return sub, [sub(i) for i in store.indices]
+        return sub, [sub(i) for i in indices]
 
     def tested(ph, q):
         sub, idx = at(ph, q)
@@ -156,6 +162,11 @@ def deinterleave_phase_paddings(stmt: tirx.Stmt) -> tuple[tirx.Stmt, list[str]]:
     notes = []
 
     def visit(node):
+        if isinstance(node, tirx.SeqStmt):  # a channel's padding beside its tile nest
+            seq = [visit(child) for child in node.seq]
+            if all(a.same_as(b) for a, b in zip(seq, node.seq)):
+                return node
+            return tirx.SeqStmt(seq)
         if not isinstance(node, tirx.For):
             return node
         nest = _phase_nest(node)
@@ -173,3 +184,20 @@ def deinterleave_phase_paddings(stmt: tirx.Stmt) -> tuple[tirx.Stmt, list[str]]:
         return tirx.For(node.loop_var, node.min, node.extent, node.kind, body,
                         node.thread_binding, node.annotations)
     return visit(stmt), notes
+
+
+def deinterleave_in_func(func: tirx.PrimFunc) -> tuple[tirx.PrimFunc, list[str]]:
+    """``func`` (scheduled: one root block) with its phase paddings rewritten
+    (:func:`deinterleave_phase_paddings`), wherever they sit under its loops: a stride-2
+    depthwise conv or pool pads each channel inside its parallel channel loop."""
+    realize = func.body
+    if not isinstance(realize, SBlockRealize):
+        return func, []
+    root = realize.block
+    body, notes = deinterleave_phase_paddings(root.body)
+    if not notes:
+        return func, []
+    new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
+                      root.alloc_buffers, root.match_buffers, root.annotations, root.span)
+    new = SBlockRealize(realize.iter_values, realize.predicate, new_root)
+    return tirx.PrimFunc(func.params, new, func.ret_type, func.attrs), notes

@@ -83,6 +83,9 @@ class Blocking:
     lanes: int
     kc: int
     nc: int
+    # values the core loads per FMA beside it (CpuParams.loads_per_fma; 0: loads cost as
+    # FMAs): what a row tail's tile costs against a full tile, for the thread plan
+    loads_per_fma: float = 0.0
 
     def describe(self) -> str:
         return f"{self.mr}×{self.nr} tile, KC {self.kc}, NC {self.nc}"
@@ -432,6 +435,38 @@ class _Emitter:
         return nests
 
 
+    def grid(self, rows: int, plan: ThreadPlan) -> tirx.Stmt:
+        """One parallel loop over (N block, row range) pairs, the range innermost
+        (:func:`thread_plan`'s grid): blocks of ``plan.per_block`` full panels, then the
+        tail panel as a block of its own; ranges of ``plan.chunk`` rows, the last the rest.
+        Each range's row count is a constant in its own nest (a full range, the last), so
+        its row tails are static."""
+        nr, per, ranges, chunk = self.b.nr, plan.per_block, plan.ranges, plan.chunk
+        full, tail_cols = divmod(self.g.n, nr)
+        self.per_block = min(per, max(full, 1))
+        blocks = _ceildiv(full, per)
+        last = rows - (ranges - 1) * chunk
+
+        def pair(it):
+            b = tirx.floordiv(it, _i64(ranges))
+            t = tirx.floormod(it, _i64(ranges))
+            base = t * _i64(chunk)
+
+            def block(count: int):
+                size = _i64(per) if full % per == 0 else \
+                    tirx.min(_i64(per), _i64(full) - b * _i64(per))
+                nest = self.panel_block(b * _i64(per), size, nr, base, _i64(count), per)
+                if not tail_cols:
+                    return nest
+                tail = self.panel_block(_i64(full), _i64(1), tail_cols, base, _i64(count))
+                return tirx.IfThenElse(b < _i64(blocks), nest, tail)
+            if last == chunk:
+                return block(chunk)
+            return tirx.IfThenElse(t < _i64(ranges - 1), block(chunk), block(last))
+        pairs = (blocks + (1 if tail_cols else 0)) * ranges
+        return _loop("jc_rows", pairs, pair, tirx.ForKind.PARALLEL)
+
+
 def _on_stack(acc: tirx.Buffer) -> tirx.Stmt:
     """A row of the accumulator: a ``global`` buffer under 1 KiB, which TVM's
     LowerTVMBuiltin leaves a stack array (an alloca that SROA splits into registers, every
@@ -480,17 +515,116 @@ def _simplify(expr):
     return sym.Analyzer().simplify(expr)
 
 
-def parallel_plan(n: int, blk: Blocking, cores: int, rows=None) -> tuple[str, int]:
-    """How the nest uses ``cores`` threads, and the full panels per N block: N blocks in
-    parallel when there are at least as many as cores (each block then at most 1/cores of N,
-    and their number a multiple of the cores),
-    else row ranges in parallel (N of one or two panels) when ``rows`` (M, when known) fill more
-    than one row tile and are not a product of symbolic sizes, else one thread."""
+@dataclass(frozen=True)
+class ThreadPlan:
+    """How the nest uses its threads: ``mode`` (below), ``per_block`` full panels per N
+    block and, for ``GRID``, the row ranges: ``ranges`` of ``chunk`` rows (a multiple of MR),
+    the last one taking the rest of M."""
+
+    mode: str
+    per_block: int
+    ranges: int = 1
+    chunk: int = 0
+
+
+ONE = "one thread"
+N_BLOCKS = "parallel N blocks"
+ROW_RANGES = "parallel row ranges"
+GRID = "parallel N blocks × row ranges"
+# A grid of row ranges only where its largest thread share is below this share of the N
+# blocks' alone: each range reads all of its blocks' B again (and packs it again for a
+# conv's im2col), which the balance model does not count
+_GRID_GAIN = 0.97
+# Rows of work that packing a panel's K × NR values costs its block (one vector copied per
+# vector of a row's FMAs, the copy a load and a store)
+_PACK_ROWS = 2.0
+
+
+def _tile_cost(rows: int, blk: Blocking) -> float:
+    """One k step of a tile of ``rows`` rows: its FMAs, and its loads (``rows`` broadcasts,
+    NR/lanes vectors of B) over the core's rate beside them or, without one, as FMAs
+    (gemm_pack._work's model)."""
+    vectors = blk.nr // blk.lanes
+    if blk.loads_per_fma:
+        return max(rows * vectors, (rows + vectors) / blk.loads_per_fma)
+    return rows * vectors + rows + vectors
+
+
+def rows_cost(count: int, blk: Blocking) -> float:
+    """Work of ``count`` rows of one panel: full tiles of MR rows, then the tail's tiles of
+    2^i rows (what :meth:`_Emitter.row_tails` emits), per k step."""
+    mr = blk.mr
+    tail = count % mr
+    return (count // mr) * _tile_cost(mr, blk) + sum(
+        _tile_cost(1 << b, blk) for b in range(tail.bit_length()) if tail >> b & 1)
+
+
+def grid_shares(n: int, rows: int, blk: Blocking, threads: int, per: int, ranges: int,
+                chunk: int, packs_b: bool = False) -> list[float]:
+    """Each thread's work (k steps of tiles, :func:`rows_cost`) of the parallel loop over
+    (N block, row range) pairs, row range innermost: blocks of ``per`` full panels, then
+    the tail panel (computed at full width) as a block of its own, × ``ranges`` ranges of
+    ``chunk`` rows, the last range the rest. ``packs_b``: each pair packs its block's B
+    (a conv's im2col), :data:`_PACK_ROWS` rows of work per panel."""
+    full, tail = divmod(n, blk.nr)
+    widths = [min(per, full - b) for b in range(0, full, per)] + ([1] if tail else [])
+    counts = [chunk] * (ranges - 1) + [rows - (ranges - 1) * chunk]
+    pack = _PACK_ROWS * _tile_cost(1, blk) if packs_b else 0.0
+    weights = [w * (rows_cost(c, blk) + pack) for w in widths for c in counts]
+    return thread_shares(weights, threads)
+
+
+def _grid(n: int, blk: Blocking, cores: int, rows: int, per_block: int,
+          packs_b: bool) -> ThreadPlan | None:
+    """The (N blocks × row ranges) split of a static M that balances best on ``cores``
+    threads, or None when the N blocks alone (one range) do as well within
+    :data:`_GRID_GAIN`: 5 panels over 49 rows on 2 threads ran 3 | 2 panels (1.2 times the
+    ideal); as 5 panels × 2 ranges of 24 | 25 rows each thread does 2.5 panels' rows."""
+    full = n // blk.nr
+    tiles = rows // blk.mr
+    if full < 1 or tiles < 2:
+        return None
+    streaming = rows <= STREAM_ROW_TILES * blk.mr
+    pers = [1] if streaming else range(1, min(per_block, full) + 1)
+    best = None
+    for per in pers:
+        for ranges in range(1, min(tiles, 4 * cores) + 1):
+            chunk = -(-tiles // ranges) * blk.mr
+            if (ranges - 1) * chunk >= rows:  # an empty last range: fewer ranges do it
+                continue
+            shares = grid_shares(n, rows, blk, cores, per, ranges, chunk, packs_b)
+            # least work on the busiest thread; then fewer ranges (B read once), larger
+            # blocks (fewer parallel iterations)
+            key = (max(shares), ranges, -per)
+            if best is None or key < best[0]:
+                best = (key, ThreadPlan(GRID, per, ranges, chunk))
+    if best is None or best[1].ranges == 1:
+        return None
+    # the N blocks alone: the plan without the grid, as parallel_plan makes it
+    shared = max(1, min(per_block, -(-full // cores)))
+    blocks = -(-(-(-full // shared)) // cores) * cores
+    alone = max(grid_shares(n, rows, blk, cores, -(-full // blocks), 1, rows, packs_b))
+    return best[1] if best[0][0] < _GRID_GAIN * alone else None
+
+
+def thread_plan(n: int, blk: Blocking, cores: int, rows=None,
+                packs_b: bool = False) -> ThreadPlan:
+    """How the nest uses ``cores`` threads. With a static M over at least two row tiles, the
+    grid of N blocks × row ranges (:func:`_grid`) where it balances better than N blocks
+    alone; else N blocks in parallel when there are at least as many as cores (each block
+    then at most 1/cores of N, and their number a multiple of the cores), else row ranges in
+    parallel (N of one or two panels) when ``rows`` (M, when known) fill more than one row
+    tile and are not a product of symbolic sizes, else one thread. ``packs_b``: the nest
+    packs B per block (a conv's im2col): a row range packs it again."""
     full_panels = n // blk.nr
     per_block = max(1, blk.nc // blk.nr)
     known = const_int(rows) if rows is not None else None
     if cores <= 1:
-        return "one thread", per_block
+        return ThreadPlan(ONE, per_block)
+    if known is not None:
+        grid = _grid(n, blk, cores, known, per_block, packs_b)
+        if grid is not None:
+            return grid
     shared = max(1, min(per_block, -(-full_panels // cores)))
     blocks = -(-full_panels // shared)
     if blocks >= cores:
@@ -498,17 +632,24 @@ def parallel_plan(n: int, blk: Blocking, cores: int, rows=None) -> tuple[str, in
         # share of its iterations, so 3 blocks on 2 threads ran at 3/4 of their speed (BERT's
         # merged Q/K/V GEMM, N = 2304 in blocks of 25 panels); 4 smaller blocks do not
         blocks = -(-blocks // cores) * cores
-        return "parallel N blocks", -(-full_panels // blocks)
+        return ThreadPlan(N_BLOCKS, -(-full_panels // blocks))
     if known is not None and known <= blk.mr:
         # one row tile (a GEMV, a conv over one position): a second range would be empty,
         # and its runtime-sized row tails would be emitted for nothing
-        return "one thread", per_block
+        return ThreadPlan(ONE, per_block)
     if known is None and rows is not None and not isinstance(rows, tirx.Var):
         # M a product of symbolic sizes (batch·seq): each range's row index, divided by a
         # symbolic size to address A, made TVM 0.27's CSE and LowerIntrin bind one variable
         # twice (a build error); such a GEMM keeps its rows on one thread
-        return "one thread", per_block
-    return "parallel row ranges", shared
+        return ThreadPlan(ONE, per_block)
+    return ThreadPlan(ROW_RANGES, shared)
+
+
+def parallel_plan(n: int, blk: Blocking, cores: int, rows=None,
+                  packs_b: bool = False) -> tuple[str, int]:
+    """(mode, full panels per N block) of :func:`thread_plan`."""
+    plan = thread_plan(n, blk, cores, rows, packs_b)
+    return plan.mode, plan.per_block
 
 
 def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
@@ -520,9 +661,12 @@ def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
 
 
 def _nest(em: _Emitter, gemm: Gemm, blk: Blocking, cores: int, rows) -> tirx.Stmt:
-    mode, per_block = parallel_plan(gemm.n, blk, cores, rows)
-    if mode != "parallel row ranges":
-        return _seq(em.columns(_i64(0), rows, per_block, mode == "parallel N blocks"))
+    plan = thread_plan(gemm.n, blk, cores, rows, gemm.pack_b is not None)
+    mode, per_block = plan.mode, plan.per_block
+    if mode == GRID:
+        return em.grid(const_int(rows), plan)
+    if mode != ROW_RANGES:
+        return _seq(em.columns(_i64(0), rows, per_block, mode == N_BLOCKS))
     chunk = _simplify(tirx.floordiv(rows + _i64(cores * blk.mr - 1), _i64(cores * blk.mr))
                       * _i64(blk.mr))
     known, size = const_int(rows), const_int(chunk)
@@ -643,5 +787,5 @@ def _ceildiv(n: int, d):
     return tirx.floordiv(_i64(n) + d - _i64(1), d)
 
 
-__all__ = ["STREAM_ROW_TILES", "Blocking", "Gemm", "emit_gemm", "parallel_plan",
-           "split_gather"]
+__all__ = ["STREAM_ROW_TILES", "Blocking", "Gemm", "ThreadPlan", "emit_gemm", "grid_shares",
+           "parallel_plan", "rows_cost", "split_gather", "thread_plan"]

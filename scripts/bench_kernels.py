@@ -22,7 +22,8 @@ vector FMA chains, and a vector sum over 256 MiB (the method of shared/tools/cpu
 operators with bias from ResNet-50, MobileNetV2, ConvNeXt-T, the SD U-Net block, YOLOv8n and
 the U-Net, plus grouped, dilated and odd-channel ones; :data:`CONV_TRANSPOSE_SHAPES`:
 ConvTranspose; :data:`CONV3D_SHAPES`: the 3-D convs of r3d_18 and r2plus1d_18; ``--only``
-takes their names). ``--stock`` also
+takes their names, or any 2-D conv named as they are, ``[model-][dw|gG-]KxK[sS]-CIN[>COUT]@HW``,
+e.g. ``mnv2-1x1-960>160@7`` or ``mnv2-dw3x3s2-576@14``: a model's own shapes). ``--stock`` also
 builds each shape through stock FuseOps with our CPU schedules (the ``tvm-fuseops-sched``
 variant: no conv packing) and times it in the same loop.
 """

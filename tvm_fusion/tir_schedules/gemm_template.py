@@ -153,7 +153,8 @@ class _Emitter:
         # a few row tiles are bound by streaming B from memory: one panel per N block reads
         # it front to back; more rows reuse an NC-wide B block from L2 for the whole of M
         self.streaming = _le(rows, STREAM_ROW_TILES * blk.mr)
-        split = _split_gather(gemm.pack_b) if gemm.pack_b is not None else None
+        split = _split_gather(gemm.pack_b, _ceildiv(gemm.n, blk.nr), gemm.k, blk.nr) \
+            if gemm.pack_b is not None else None
         self.gather, self.g_src_data = (split[:3], split[3]) if split else (None, None)
         # the column's part of the gather uses the lane too (a conv's flat output positions,
         # rows not padded to whole panels): one offset per column, from a table
@@ -680,21 +681,28 @@ def _nest(em: _Emitter, gemm: Gemm, blk: Blocking, cores: int, rows) -> tirx.Stm
     return _loop("rows", ranges, rows_of, tirx.ForKind.PARALLEL)
 
 
-def _split_gather(pack_b: PackB):
+def _split_gather(pack_b: PackB, panels: int | None = None, k_size: int | None = None,
+                  nr: int | None = None):
     """``pack_b``'s value as a gather ``src[col_part(panel) + k_part(k) + lane]`` from the
     flat ``src`` (:func:`split_gather`): a conv's im2col from its padded input, where the
     window's ``k // (kh·kw)``, ``k % kw``… are the k part. Returns (a flat view of src,
-    col_part, k_part, src's data), or None."""
+    col_part, k_part, src's data), or None. ``panels``, ``k_size``, ``nr``: the variables'
+    extents, which fold what only their ranges make exact (a 1×1 conv's flat positions over
+    whole panels: ``p % W + (p % HW) // W · W + p // HW · CHW`` is ``p`` for p < HW)."""
     panel, k, lane = (tirx.Var(n, "int64") for n in ("panel", "k", "lane"))
     value = pack_b(panel, k, lane)
-    split = split_gather(value, panel, k, lane)
+    ranges = {}
+    if panels is not None and k_size is not None and nr is not None:
+        ranges = {panel: panels, k: k_size, lane: nr}
+    split = split_gather(value, panel, k, lane, ranges)
     if split is not None:
         return (*split, False)
-    joint = split_gather(value, (panel, lane), k)
+    joint = split_gather(value, (panel, lane), k, None, ranges)
     return None if joint is None else (*joint, True)
 
 
-def split_gather(value, outer, k: tirx.Var, lane: tirx.Var | None = None):
+def split_gather(value, outer, k: tirx.Var, lane: tirx.Var | None = None,
+                 ranges: dict | None = None):
     """``value``, an expression of ``outer`` (a panel, a row; or a tuple of variables, e.g.
     a panel and its lane, that the outer part takes together), ``k`` and ``lane``, as a load
     ``src[outer_part(outer) + k_part(k) (+ lane)]`` from a flat view of ``src``: when it is
@@ -719,6 +727,11 @@ def split_gather(value, outer, k: tirx.Var, lane: tirx.Var | None = None):
     # (t // W)·W + t % W = t
     parts = (_parts(_terms(flat_index, 1), names)
              or _parts(_terms(_simplify(flat_index), 1), names))
+    if parts is None and ranges:  # as simplified with the variables in their ranges
+        bounded = sym.Analyzer()
+        for var, extent in ranges.items():
+            bounded.bind(var, tvm.ir.Range(_i64(0), _i64(extent)))
+        parts = _parts(_terms(bounded.simplify(flat_index), 1), names)
     if parts is None:
         return None
 

@@ -81,7 +81,7 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
     if sites:
         result, emitted = emit_packed_gemms(result, sites, params)
     else:  # a strided window's padding (emit_packed_gemms rewrites the GEMMs' own)
-        result, emitted = deinterleave_in_func(result)
+        result, emitted = deinterleave_in_func(result, params.lanes)
     notes = emitted + gemm_notes + notes
     if params.accumulates(HALF) == WIDE:  # no fp16 arithmetic: fp16 math in float32
         result, half_notes = half_in_float32(result)

@@ -536,9 +536,12 @@ GRID = "parallel N blocks × row ranges"
 # blocks' alone: each range reads all of its blocks' B again (and packs it again for a
 # conv's im2col), which the balance model does not count
 _GRID_GAIN = 0.97
-# Rows of work that packing a panel's K × NR values costs its block (one vector copied per
-# vector of a row's FMAs, the copy a load and a store)
-_PACK_ROWS = 2.0
+# Rows of work (one-row tiles' k steps) that packing a panel's K × NR values costs each
+# (block, range) pair that packs it: a second range over MobileNetV2's 1×1 convs at 14×14
+# (13 position panels, 64 and 96 output channels as rows), run on one thread, took 4-6 %
+# longer (0.105 -> 0.111, 0.151 -> 0.157, 0.218 -> 0.230 ms): about 5 rows' work a panel,
+# the copy and the B sliver read once more from L2
+_PACK_ROWS = 5.0
 
 
 def _tile_cost(rows: int, blk: Blocking) -> float:
@@ -601,10 +604,18 @@ def _grid(n: int, blk: Blocking, cores: int, rows: int, per_block: int,
                 best = (key, ThreadPlan(GRID, per, ranges, chunk))
     if best is None or best[1].ranges == 1:
         return None
-    # the N blocks alone: the plan without the grid, as parallel_plan makes it
+    # the N blocks alone, as columns() runs them: blocks a multiple of the cores, the tail
+    # panel one more parallel iteration where that evens the shares, else after the loop
+    # with the other threads waiting
     shared = max(1, min(per_block, -(-full // cores)))
     blocks = -(-(-(-full // shared)) // cores) * cores
-    alone = max(grid_shares(n, rows, blk, cores, -(-full // blocks), 1, rows, packs_b))
+    per = -(-full // blocks)
+    blocks = -(-full // per)
+    panel = rows_cost(rows, blk) + (_PACK_ROWS * _tile_cost(1, blk) if packs_b else 0.0)
+    weights = [min(per, full - b * per) * panel for b in range(blocks)]
+    alone = max(thread_shares(weights, cores))
+    if n % blk.nr:
+        alone = min(alone + panel, max(thread_shares(weights + [panel], cores)))
     return best[1] if best[0][0] < _GRID_GAIN * alone else None
 
 

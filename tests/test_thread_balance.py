@@ -19,8 +19,15 @@ from tvm_fusion.models.cnn import inverted_residual_net
 from tvm_fusion.numerics import onnx_reference
 from tvm_fusion.target import host_target
 from tvm_fusion.tir_schedules.gemm_template import (
-    GRID, N_BLOCKS, Blocking, _tail_in_parallel, grid_shares, rows_cost, thread_plan,
-    thread_shares)
+    GRID,
+    N_BLOCKS,
+    Blocking,
+    _tail_in_parallel,
+    grid_shares,
+    rows_cost,
+    thread_plan,
+    thread_shares,
+)
 from tvm_fusion.tir_schedules.loops import PARALLEL_MIN_WORK
 from tvm_fusion.tir_schedules.thread_balance import kernel_balance, parallel_loops
 from tvm_fusion.transform import get_pipeline

@@ -52,7 +52,14 @@ from .cpu_target import CpuParams
 from .cpu_tile import PACKED_GEMM_STAGE, fold_epilogue_chain
 from .deinterleave import deinterleave_phase_paddings
 from .gemm_template import (
-    GRID, STREAM_ROW_TILES, Blocking, Gemm, emit_gemm, split_gather, thread_plan)
+    GRID,
+    STREAM_ROW_TILES,
+    Blocking,
+    Gemm,
+    emit_gemm,
+    split_gather,
+    thread_plan,
+)
 
 # Integer weight types the packed GEMM widens in registers (layout/weight_quant.py packs them)
 WEIGHT_DTYPES = ("int8", "uint8")

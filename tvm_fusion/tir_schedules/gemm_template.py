@@ -608,7 +608,7 @@ def _grid(n: int, blk: Blocking, cores: int, rows: int, per_block: int,
     # panel one more parallel iteration where that evens the shares, else after the loop
     # with the other threads waiting
     shared = max(1, min(per_block, -(-full // cores)))
-    blocks = -(-(-(-full // shared)) // cores) * cores
+    blocks = _ceildiv(_ceildiv(full, shared), cores) * cores
     per = -(-full // blocks)
     blocks = -(-full // per)
     panel = rows_cost(rows, blk) + (_PACK_ROWS * _tile_cost(1, blk) if packs_b else 0.0)

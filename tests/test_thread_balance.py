@@ -163,8 +163,9 @@ def _conv1x1(c_in: int, c_out: int, size: int, residual: bool = False) -> onnx.M
 @pytest.mark.parametrize("c_in, c_out, residual, plans", [
     # MobileNetV2's projection with its residual add: 5 panels of 32 (12×32 tiles)
     (960, 160, True, ((2, "2 ranges of 24 rows", 1.01), (3, "4 ranges of 12 rows", 1.06))),
-    # 10 panels of 16 and an 8-channel tail panel (16×16 tiles), ReLU6
-    (576, 168, False, ((2, "2 ranges of 32 rows", 1.03), (3, "3 ranges of 16 rows", 1.01))),
+    # 10 panels of 16 and an 8-channel tail panel (16×16 tiles), ReLU6: on 2 threads 5 | 5
+    # panels, each thread then its rows of the tail panel (32 | 17)
+    (576, 168, False, ((2, "parallel N blocks;", 1.03), (3, "3 ranges of 16 rows", 1.01))),
 ])
 def test_small_map_conv_grid_balances_and_matches_onnxruntime(c_in, c_out, residual, plans,
                                                                 tmp_path):
@@ -177,7 +178,8 @@ def test_small_map_conv_grid_balances_and_matches_onnxruntime(c_in, c_out, resid
         notes = "\n".join(str(n) for f in mod.functions.values()
                           if isinstance(f, tvm.tirx.PrimFunc)
                           for n in f.attrs.get("tvm_fusion.schedule", []))
-        assert f"parallel N blocks × row ranges ({ranges})" in notes, notes
+        assert (ranges if ranges.startswith("parallel") else
+                f"parallel N blocks × row ranges ({ranges})") in notes, notes
         fact = next(f for name, f in kernel_balance(mod, cores).items() if "conv" in name)
         assert fact["share"] >= 0.99 and fact["imbalance"] <= bound, fact
     rng = np.random.default_rng(1)
@@ -211,3 +213,22 @@ assert tvm.get_global_func("runtime.NumThreads")() == 2
 (out,) = run(exe, [feeds[n] for n in ("x", "r") if n in feeds])
 np.save(here / "out.npy", out)
 """
+
+
+def test_tail_panel_rows_are_shared_after_the_n_blocks():
+    """A 1×1 conv 384→64 at 14×14 (MobileNetV2's): 64 output channels as rows (4 tiles of
+    16), 196 positions as 12 panels of 16 and a 4-column tail. As N blocks on 2 threads it
+    ran 6 | 6 panels, then the tail panel on one thread (8 % of the work outside the
+    parallel loop); now each thread runs its 6 panels and then 32 rows of the tail panel:
+    the whole kernel in one parallel loop of 2, evenly. Results as ONNX Runtime's."""
+    model = _conv1x1(384, 64, 14)
+    mod = _scheduled(model, 2, "znver4")
+    conv = next(f for gv, f in mod.functions.items() if "conv" in gv.name_hint)
+    assert [extent for extent, _, _, _ in parallel_loops(conv)] == [2]
+    fact = next(f for name, f in kernel_balance(mod, 2).items() if "conv" in name)
+    assert fact["share"] >= 0.99 and fact["imbalance"] <= 1.01, fact
+    x = np.random.default_rng(2).standard_normal((1, 384, 14, 14)).astype(np.float32)
+    target = tvm.target.Target({**{k: v for k, v in host_target().export().items()
+                                   if k in ("kind", "mcpu", "mattr")}, "num-cores": 2})
+    (out,) = run(compile_model(import_onnx(model), target), [x])
+    np.testing.assert_allclose(out, onnx_reference(model, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -422,6 +422,26 @@ class _Emitter:
                     tirx.min(_i64(per), _i64(full_panels) - jc * _i64(per))
                 return self.panel_block(jc * _i64(per), size, self.b.nr, base, count,
                                         per if isinstance(per, int) else full_panels)
+            split = _tail_rows_split(const_int(count), self.b.mr, self.cores) \
+                if const_int(base) == 0 else None
+            if not serial and tail_cols and split is not None and isinstance(blocks, int) \
+                    and blocks % self.cores == 0:
+                # each thread its share of the blocks, then its range of the tail panel's
+                # rows: 6 | 6 panels and the tail on one thread (MobileNetV2's 14×14 convs
+                # to 64 and 96 channels, 12 panels of 16 and 4 columns) become 6 + half
+                chunk, last = split
+                share = blocks // self.cores
+
+                def thread(t):
+                    def tail_rows(rows: int):
+                        return self.panel_block(_i64(full_panels), _i64(1), tail_cols,
+                                                t * _i64(chunk), _i64(rows))
+                    tail = tail_rows(chunk) if last == chunk else tirx.IfThenElse(
+                        t < _i64(self.cores - 1), tail_rows(chunk), tail_rows(last))
+                    own = _loop("jb", share, lambda jb: jc_block(t * _i64(share) + jb))
+                    return _seq([own, tail])
+                nests.append(_loop("jc_thread", self.cores, thread, kind))
+                return nests
             if not serial and tail_cols and _tail_in_parallel(
                     full_panels, per, blocks, tail_cols / self.b.nr, self.cores):
                 # the tail panel as one more parallel iteration: 3 panels + a tail on 2
@@ -500,6 +520,17 @@ def thread_shares(weights: list[float], threads: int) -> list[float]:
     ``weights``: TVM gives thread t the iterations [t·c, (t+1)·c), c = ceil(extent/threads)."""
     chunk = -(-len(weights) // max(threads, 1)) or 1
     return [sum(weights[t * chunk:(t + 1) * chunk]) for t in range(threads)]
+
+
+def _tail_rows_split(rows: int | None, mr: int, cores: int) -> tuple[int, int] | None:
+    """The tail panel's rows shared by ``cores`` threads, each after its N blocks: ranges of
+    ``chunk`` rows (whole row tiles), the last ``last`` rows; None when M is not known or
+    has fewer row tiles than threads."""
+    if rows is None or cores <= 1 or rows // mr < cores:
+        return None
+    chunk = -(-(rows // mr) // cores) * mr
+    last = rows - (cores - 1) * chunk
+    return (chunk, last) if last > 0 else None
 
 
 def _tail_in_parallel(full_panels: int, per, blocks, tail: float, cores: int) -> bool:
@@ -614,7 +645,11 @@ def _grid(n: int, blk: Blocking, cores: int, rows: int, per_block: int,
     panel = rows_cost(rows, blk) + (_PACK_ROWS * _tile_cost(1, blk) if packs_b else 0.0)
     weights = [min(per, full - b * per) * panel for b in range(blocks)]
     alone = max(thread_shares(weights, cores))
-    if n % blk.nr:
+    split = _tail_rows_split(rows, blk.mr, cores)
+    if n % blk.nr and split is not None and blocks % cores == 0:  # the tail's rows shared
+        pack = _PACK_ROWS * _tile_cost(1, blk) if packs_b else 0.0
+        alone += max(rows_cost(split[0], blk), rows_cost(split[1], blk)) + pack
+    elif n % blk.nr:
         alone = min(alone + panel, max(thread_shares(weights + [panel], cores)))
     return best[1] if best[0][0] < _GRID_GAIN * alone else None
 

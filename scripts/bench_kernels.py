@@ -22,7 +22,8 @@ vector FMA chains, and a vector sum over 256 MiB (the method of shared/tools/cpu
 operators with bias from ResNet-50, MobileNetV2, ConvNeXt-T, the SD U-Net block, YOLOv8n and
 the U-Net, plus grouped, dilated and odd-channel ones; :data:`CONV_TRANSPOSE_SHAPES`:
 ConvTranspose; :data:`CONV3D_SHAPES`: the 3-D convs of r3d_18 and r2plus1d_18; ``--only``
-takes their names). ``--stock`` also
+takes their names, or any 2-D conv named as they are, ``[model-][dw|gG-]KxK[sS]-CIN[>COUT]@HW``,
+e.g. ``mnv2-1x1-960>160@7`` or ``mnv2-dw3x3s2-576@14``: a model's own shapes). ``--stock`` also
 builds each shape through stock FuseOps with our CPU schedules (the ``tvm-fuseops-sched``
 variant: no conv packing) and times it in the same loop.
 """
@@ -35,6 +36,7 @@ import gc
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -275,6 +277,27 @@ def conv_cases(quick: bool) -> list[Case]:
 
 
 FAMILIES = {"matmul": matmul_cases, "conv": conv_cases}
+
+_CONV_NAME = re.compile(r"^(?:[\w.]+-)?(dw|g(\d+)-)?(\d+)x(\d+)(?:s(\d+))?-(\d+)(?:>(\d+))?@(\d+)$")
+
+
+def parse_conv_name(name: str) -> tuple | None:
+    """A 2-D conv named as the sweep's are, ``[model-][dw|gG-]KxK[sS]-CIN[>COUT]@HW`` (square
+    kernel and map, padding K // 2, no dilation; ``dw`` depthwise, ``gG-`` G groups), as
+    :func:`conv_case`'s arguments, or None."""
+    match = _CONV_NAME.match(name)
+    if match is None:
+        return None
+    dw, groups, kh, kw, stride, c_in, c_out, hw = match.groups()
+    if kh != kw:
+        return None
+    c_in = int(c_in)
+    c_out = int(c_out) if c_out else c_in
+    groups = c_in if dw == "dw" else int(groups) if groups else 1
+    if (dw == "dw" and c_out != c_in) or c_in % groups or c_out % groups:
+        return None
+    return (name, c_in, c_out, int(hw), int(hw), int(kh), int(stride or 1), int(kh) // 2, 1,
+            groups)
 
 
 class _Lazy:
@@ -567,10 +590,17 @@ def main(argv=None) -> int:
     cases = [c for f in args.families.split(",") for c in FAMILIES[f](args.quick)
              if not only or c.name in only]
     for name in [n for n in only if n not in {c.name for c in cases}]:
+        conv = parse_conv_name(name)  # a conv outside the sweep, named as the sweep's are
+        if conv is not None:
+            lazy = _Lazy(conv_case, conv)
+            lazy.name = name
+            cases.append(lazy)
+            continue
         shape = name.split("x")  # a MatMul outside the sweep
         if len(shape) != 3 or not all(part.isdigit() and int(part) > 0 for part in shape):
-            print(f"bench_kernels: --only: {name!r} is neither a case of the sweep nor "
-                  f"MxKxN", file=sys.stderr)
+            print(f"bench_kernels: --only: {name!r} is neither a case of the sweep, a conv "
+                  f"named as they are (e.g. mnv2-1x1-960>160@7, x-dw3x3s2-96@112) nor MxKxN",
+                  file=sys.stderr)
             return 2
         cases.append(_Lazy(matmul_case, tuple(map(int, shape))))
     rows = []

@@ -51,7 +51,15 @@ from .analysis import param_names, root_block, stride_in_last_dim, uses_var, wri
 from .cpu_target import CpuParams
 from .cpu_tile import PACKED_GEMM_STAGE, fold_epilogue_chain
 from .deinterleave import deinterleave_phase_paddings
-from .gemm_template import STREAM_ROW_TILES, Blocking, Gemm, emit_gemm, parallel_plan, split_gather
+from .gemm_template import (
+    GRID,
+    STREAM_ROW_TILES,
+    Blocking,
+    Gemm,
+    emit_gemm,
+    split_gather,
+    thread_plan,
+)
 
 # Integer weight types the packed GEMM widens in registers (layout/weight_quant.py packs them)
 WEIGHT_DTYPES = ("int8", "uint8")
@@ -481,7 +489,7 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
     # float32 B's cache blocks also for an 8-bit B: beyond the streaming rows, each K×NC
     # block of it is converted once into a float32 block (gemm_template's staged B)
     kc, nc = params.gemm_blocks(mr, match.nr)
-    blocking = Blocking(mr, match.nr, params.lanes, kc, max(nc, match.nr))
+    blocking = Blocking(mr, match.nr, params.lanes, kc, max(nc, match.nr), params.loads_per_fma)
     pack_b = None
     if packer is not None:
         store_p = packer.body
@@ -509,7 +517,9 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
         f"beyond {STREAM_ROW_TILES * mr} rows)")
     if match.scale is not None:
         widened += f", scaled per block of {match.block} k"
-    threads = parallel_plan(n, blocking, params.cores, spec.rows)[0]
+    plan = thread_plan(n, blocking, params.cores, spec.rows, pack_b is not None)
+    threads = plan.mode + (f" ({plan.ranges} ranges of {plan.chunk} rows)"
+                           if plan.mode == GRID else "")
     note = (f"{blocking.describe()}{widened}; {threads}"
             + ("; one GEMM per image, in a loop over the batch" if loops else "")
             + ("; A copied row-major first" if copied else "")

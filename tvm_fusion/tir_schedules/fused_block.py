@@ -35,6 +35,7 @@ from .constant_mask import constant_arguments
 from .cpu import schedule_cpu
 from .cpu_gemm import emit_packed_gemms, has_packed_gemm, prepare_packed_gemms
 from .cpu_target import CpuParams, cpu_params
+from .deinterleave import deinterleave_in_func
 from .fast_math import fast_math
 from .half_in_float32 import HALF, WIDE, half_in_float32
 from .ieee import protect_negations
@@ -79,6 +80,8 @@ def schedule_primfunc(func: tirx.PrimFunc, params: CpuParams, inline: bool = Tru
     result, emitted = sch.mod["main"], []
     if sites:
         result, emitted = emit_packed_gemms(result, sites, params)
+    else:  # a strided window's padding (emit_packed_gemms rewrites the GEMMs' own)
+        result, emitted = deinterleave_in_func(result, params.lanes)
     notes = emitted + gemm_notes + notes
     if params.accumulates(HALF) == WIDE:  # no fp16 arithmetic: fp16 math in float32
         result, half_notes = half_in_float32(result)

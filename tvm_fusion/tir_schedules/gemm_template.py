@@ -83,6 +83,9 @@ class Blocking:
     lanes: int
     kc: int
     nc: int
+    # values the core loads per FMA beside it (CpuParams.loads_per_fma; 0: loads cost as
+    # FMAs): what a row tail's tile costs against a full tile, for the thread plan
+    loads_per_fma: float = 0.0
 
     def describe(self) -> str:
         return f"{self.mr}×{self.nr} tile, KC {self.kc}, NC {self.nc}"
@@ -150,7 +153,8 @@ class _Emitter:
         # a few row tiles are bound by streaming B from memory: one panel per N block reads
         # it front to back; more rows reuse an NC-wide B block from L2 for the whole of M
         self.streaming = _le(rows, STREAM_ROW_TILES * blk.mr)
-        split = _split_gather(gemm.pack_b) if gemm.pack_b is not None else None
+        split = _split_gather(gemm.pack_b, _ceildiv(gemm.n, blk.nr), gemm.k, blk.nr) \
+            if gemm.pack_b is not None else None
         self.gather, self.g_src_data = (split[:3], split[3]) if split else (None, None)
         # the column's part of the gather uses the lane too (a conv's flat output positions,
         # rows not padded to whole panels): one offset per column, from a table
@@ -418,6 +422,26 @@ class _Emitter:
                     tirx.min(_i64(per), _i64(full_panels) - jc * _i64(per))
                 return self.panel_block(jc * _i64(per), size, self.b.nr, base, count,
                                         per if isinstance(per, int) else full_panels)
+            split = _tail_rows_split(const_int(count), self.b.mr, self.cores) \
+                if const_int(base) == 0 else None
+            if not serial and tail_cols and split is not None and isinstance(blocks, int) \
+                    and blocks % self.cores == 0:
+                # each thread its share of the blocks, then its range of the tail panel's
+                # rows: 6 | 6 panels and the tail on one thread (MobileNetV2's 14×14 convs
+                # to 64 and 96 channels, 12 panels of 16 and 4 columns) become 6 + half
+                chunk, last = split
+                share = blocks // self.cores
+
+                def thread(t):
+                    def tail_rows(rows: int):
+                        return self.panel_block(_i64(full_panels), _i64(1), tail_cols,
+                                                t * _i64(chunk), _i64(rows))
+                    tail = tail_rows(chunk) if last == chunk else tirx.IfThenElse(
+                        t < _i64(self.cores - 1), tail_rows(chunk), tail_rows(last))
+                    own = _loop("jb", share, lambda jb: jc_block(t * _i64(share) + jb))
+                    return _seq([own, tail])
+                nests.append(_loop("jc_thread", self.cores, thread, kind))
+                return nests
             if not serial and tail_cols and _tail_in_parallel(
                     full_panels, per, blocks, tail_cols / self.b.nr, self.cores):
                 # the tail panel as one more parallel iteration: 3 panels + a tail on 2
@@ -430,6 +454,38 @@ class _Emitter:
         if tail_cols:
             nests.append(self.panel_block(_i64(full_panels), _i64(1), tail_cols, base, count))
         return nests
+
+
+    def grid(self, rows: int, plan: ThreadPlan) -> tirx.Stmt:
+        """One parallel loop over (N block, row range) pairs, the range innermost
+        (:func:`thread_plan`'s grid): blocks of ``plan.per_block`` full panels, then the
+        tail panel as a block of its own; ranges of ``plan.chunk`` rows, the last the rest.
+        Each range's row count is a constant in its own nest (a full range, the last), so
+        its row tails are static."""
+        nr, per, ranges, chunk = self.b.nr, plan.per_block, plan.ranges, plan.chunk
+        full, tail_cols = divmod(self.g.n, nr)
+        self.per_block = min(per, max(full, 1))
+        blocks = _ceildiv(full, per)
+        last = rows - (ranges - 1) * chunk
+
+        def pair(it):
+            b = tirx.floordiv(it, _i64(ranges))
+            t = tirx.floormod(it, _i64(ranges))
+            base = t * _i64(chunk)
+
+            def block(count: int):
+                size = _i64(per) if full % per == 0 else \
+                    tirx.min(_i64(per), _i64(full) - b * _i64(per))
+                nest = self.panel_block(b * _i64(per), size, nr, base, _i64(count), per)
+                if not tail_cols:
+                    return nest
+                tail = self.panel_block(_i64(full), _i64(1), tail_cols, base, _i64(count))
+                return tirx.IfThenElse(b < _i64(blocks), nest, tail)
+            if last == chunk:
+                return block(chunk)
+            return tirx.IfThenElse(t < _i64(ranges - 1), block(chunk), block(last))
+        pairs = (blocks + (1 if tail_cols else 0)) * ranges
+        return _loop("jc_rows", pairs, pair, tirx.ForKind.PARALLEL)
 
 
 def _on_stack(acc: tirx.Buffer) -> tirx.Stmt:
@@ -466,6 +522,17 @@ def thread_shares(weights: list[float], threads: int) -> list[float]:
     return [sum(weights[t * chunk:(t + 1) * chunk]) for t in range(threads)]
 
 
+def _tail_rows_split(rows: int | None, mr: int, cores: int) -> tuple[int, int] | None:
+    """The tail panel's rows shared by ``cores`` threads, each after its N blocks: ranges of
+    ``chunk`` rows (whole row tiles), the last ``last`` rows; None when M is not known or
+    has fewer row tiles than threads."""
+    if rows is None or cores <= 1 or rows // mr < cores:
+        return None
+    chunk = -(-(rows // mr) // cores) * mr
+    last = rows - (cores - 1) * chunk
+    return (chunk, last) if last > 0 else None
+
+
 def _tail_in_parallel(full_panels: int, per, blocks, tail: float, cores: int) -> bool:
     """Whether the zero-padded tail panel (``tail`` of a panel's work) is better run as one
     more parallel iteration than after the parallel loop (where one thread runs it alone)."""
@@ -480,17 +547,131 @@ def _simplify(expr):
     return sym.Analyzer().simplify(expr)
 
 
-def parallel_plan(n: int, blk: Blocking, cores: int, rows=None) -> tuple[str, int]:
-    """How the nest uses ``cores`` threads, and the full panels per N block: N blocks in
-    parallel when there are at least as many as cores (each block then at most 1/cores of N,
-    and their number a multiple of the cores),
-    else row ranges in parallel (N of one or two panels) when ``rows`` (M, when known) fill more
-    than one row tile and are not a product of symbolic sizes, else one thread."""
+@dataclass(frozen=True)
+class ThreadPlan:
+    """How the nest uses its threads: ``mode`` (below), ``per_block`` full panels per N
+    block and, for ``GRID``, the row ranges: ``ranges`` of ``chunk`` rows (a multiple of MR),
+    the last one taking the rest of M."""
+
+    mode: str
+    per_block: int
+    ranges: int = 1
+    chunk: int = 0
+
+
+ONE = "one thread"
+N_BLOCKS = "parallel N blocks"
+ROW_RANGES = "parallel row ranges"
+GRID = "parallel N blocks × row ranges"
+# A grid of row ranges only where its largest thread share is below this share of the N
+# blocks' alone: each range reads all of its blocks' B again (and packs it again for a
+# conv's im2col), which the balance model does not count
+_GRID_GAIN = 0.97
+# Rows of work (one-row tiles' k steps) that packing a panel's K × NR values costs each
+# (block, range) pair that packs it: a second range over MobileNetV2's 1×1 convs at 14×14
+# (13 position panels, 64 and 96 output channels as rows), run on one thread, took 4-6 %
+# longer (0.105 -> 0.111, 0.151 -> 0.157, 0.218 -> 0.230 ms): about 5 rows' work a panel,
+# the copy and the B sliver read once more from L2
+_PACK_ROWS = 5.0
+
+
+def _tile_cost(rows: int, blk: Blocking) -> float:
+    """One k step of a tile of ``rows`` rows: its FMAs, and its loads (``rows`` broadcasts,
+    NR/lanes vectors of B) over the core's rate beside them or, without one, as FMAs
+    (gemm_pack._work's model)."""
+    vectors = blk.nr // blk.lanes
+    if blk.loads_per_fma:
+        return max(rows * vectors, (rows + vectors) / blk.loads_per_fma)
+    return rows * vectors + rows + vectors
+
+
+def rows_cost(count: int, blk: Blocking) -> float:
+    """Work of ``count`` rows of one panel: full tiles of MR rows, then the tail's tiles of
+    2^i rows (what :meth:`_Emitter.row_tails` emits), per k step."""
+    mr = blk.mr
+    tail = count % mr
+    return (count // mr) * _tile_cost(mr, blk) + sum(
+        _tile_cost(1 << b, blk) for b in range(tail.bit_length()) if tail >> b & 1)
+
+
+def grid_shares(n: int, rows: int, blk: Blocking, threads: int, per: int, ranges: int,
+                chunk: int, packs_b: bool = False) -> list[float]:
+    """Each thread's work (k steps of tiles, :func:`rows_cost`) of the parallel loop over
+    (N block, row range) pairs, row range innermost: blocks of ``per`` full panels, then
+    the tail panel (computed at full width) as a block of its own, × ``ranges`` ranges of
+    ``chunk`` rows, the last range the rest. ``packs_b``: each pair packs its block's B
+    (a conv's im2col), :data:`_PACK_ROWS` rows of work per panel."""
+    full, tail = divmod(n, blk.nr)
+    widths = [min(per, full - b) for b in range(0, full, per)] + ([1] if tail else [])
+    counts = [chunk] * (ranges - 1) + [rows - (ranges - 1) * chunk]
+    pack = _PACK_ROWS * _tile_cost(1, blk) if packs_b else 0.0
+    weights = [w * (rows_cost(c, blk) + pack) for w in widths for c in counts]
+    return thread_shares(weights, threads)
+
+
+def _grid(n: int, blk: Blocking, cores: int, rows: int, per_block: int,
+          packs_b: bool) -> ThreadPlan | None:
+    """The (N blocks × row ranges) split of a static M that balances best on ``cores``
+    threads, or None when the N blocks alone (one range) do as well within
+    :data:`_GRID_GAIN`: 5 panels over 49 rows on 2 threads ran 3 | 2 panels (1.2 times the
+    ideal); as 5 panels × 2 ranges of 24 | 25 rows each thread does 2.5 panels' rows."""
+    full = n // blk.nr
+    tiles = rows // blk.mr
+    if full < 1 or tiles < 2:
+        return None
+    streaming = rows <= STREAM_ROW_TILES * blk.mr
+    pers = [1] if streaming else range(1, min(per_block, full) + 1)
+    best = None
+    for per in pers:
+        for ranges in range(1, min(tiles, 4 * cores) + 1):
+            chunk = -(-tiles // ranges) * blk.mr
+            if (ranges - 1) * chunk >= rows:  # an empty last range: fewer ranges do it
+                continue
+            shares = grid_shares(n, rows, blk, cores, per, ranges, chunk, packs_b)
+            # least work on the busiest thread; then fewer ranges (B read once), larger
+            # blocks (fewer parallel iterations)
+            key = (max(shares), ranges, -per)
+            if best is None or key < best[0]:
+                best = (key, ThreadPlan(GRID, per, ranges, chunk))
+    if best is None or best[1].ranges == 1:
+        return None
+    # the N blocks alone, as columns() runs them: blocks a multiple of the cores, the tail
+    # panel one more parallel iteration where that evens the shares, else after the loop
+    # with the other threads waiting
+    shared = max(1, min(per_block, -(-full // cores)))
+    blocks = _ceildiv(_ceildiv(full, shared), cores) * cores
+    per = -(-full // blocks)
+    blocks = -(-full // per)
+    panel = rows_cost(rows, blk) + (_PACK_ROWS * _tile_cost(1, blk) if packs_b else 0.0)
+    weights = [min(per, full - b * per) * panel for b in range(blocks)]
+    alone = max(thread_shares(weights, cores))
+    split = _tail_rows_split(rows, blk.mr, cores)
+    if n % blk.nr and split is not None and blocks % cores == 0:  # the tail's rows shared
+        pack = _PACK_ROWS * _tile_cost(1, blk) if packs_b else 0.0
+        alone += max(rows_cost(split[0], blk), rows_cost(split[1], blk)) + pack
+    elif n % blk.nr:
+        alone = min(alone + panel, max(thread_shares(weights + [panel], cores)))
+    return best[1] if best[0][0] < _GRID_GAIN * alone else None
+
+
+def thread_plan(n: int, blk: Blocking, cores: int, rows=None,
+                packs_b: bool = False) -> ThreadPlan:
+    """How the nest uses ``cores`` threads. With a static M over at least two row tiles, the
+    grid of N blocks × row ranges (:func:`_grid`) where it balances better than N blocks
+    alone; else N blocks in parallel when there are at least as many as cores (each block
+    then at most 1/cores of N, and their number a multiple of the cores), else row ranges in
+    parallel (N of one or two panels) when ``rows`` (M, when known) fill more than one row
+    tile and are not a product of symbolic sizes, else one thread. ``packs_b``: the nest
+    packs B per block (a conv's im2col): a row range packs it again."""
     full_panels = n // blk.nr
     per_block = max(1, blk.nc // blk.nr)
     known = const_int(rows) if rows is not None else None
     if cores <= 1:
-        return "one thread", per_block
+        return ThreadPlan(ONE, per_block)
+    if known is not None:
+        grid = _grid(n, blk, cores, known, per_block, packs_b)
+        if grid is not None:
+            return grid
     shared = max(1, min(per_block, -(-full_panels // cores)))
     blocks = -(-full_panels // shared)
     if blocks >= cores:
@@ -498,17 +679,24 @@ def parallel_plan(n: int, blk: Blocking, cores: int, rows=None) -> tuple[str, in
         # share of its iterations, so 3 blocks on 2 threads ran at 3/4 of their speed (BERT's
         # merged Q/K/V GEMM, N = 2304 in blocks of 25 panels); 4 smaller blocks do not
         blocks = -(-blocks // cores) * cores
-        return "parallel N blocks", -(-full_panels // blocks)
+        return ThreadPlan(N_BLOCKS, -(-full_panels // blocks))
     if known is not None and known <= blk.mr:
         # one row tile (a GEMV, a conv over one position): a second range would be empty,
         # and its runtime-sized row tails would be emitted for nothing
-        return "one thread", per_block
+        return ThreadPlan(ONE, per_block)
     if known is None and rows is not None and not isinstance(rows, tirx.Var):
         # M a product of symbolic sizes (batch·seq): each range's row index, divided by a
         # symbolic size to address A, made TVM 0.27's CSE and LowerIntrin bind one variable
         # twice (a build error); such a GEMM keeps its rows on one thread
-        return "one thread", per_block
-    return "parallel row ranges", shared
+        return ThreadPlan(ONE, per_block)
+    return ThreadPlan(ROW_RANGES, shared)
+
+
+def parallel_plan(n: int, blk: Blocking, cores: int, rows=None,
+                  packs_b: bool = False) -> tuple[str, int]:
+    """(mode, full panels per N block) of :func:`thread_plan`."""
+    plan = thread_plan(n, blk, cores, rows, packs_b)
+    return plan.mode, plan.per_block
 
 
 def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
@@ -520,9 +708,12 @@ def emit_gemm(gemm: Gemm, blk: Blocking, cores: int = 1) -> tirx.Stmt:
 
 
 def _nest(em: _Emitter, gemm: Gemm, blk: Blocking, cores: int, rows) -> tirx.Stmt:
-    mode, per_block = parallel_plan(gemm.n, blk, cores, rows)
-    if mode != "parallel row ranges":
-        return _seq(em.columns(_i64(0), rows, per_block, mode == "parallel N blocks"))
+    plan = thread_plan(gemm.n, blk, cores, rows, gemm.pack_b is not None)
+    mode, per_block = plan.mode, plan.per_block
+    if mode == GRID:
+        return em.grid(const_int(rows), plan)
+    if mode != ROW_RANGES:
+        return _seq(em.columns(_i64(0), rows, per_block, mode == N_BLOCKS))
     chunk = _simplify(tirx.floordiv(rows + _i64(cores * blk.mr - 1), _i64(cores * blk.mr))
                       * _i64(blk.mr))
     known, size = const_int(rows), const_int(chunk)
@@ -536,21 +727,28 @@ def _nest(em: _Emitter, gemm: Gemm, blk: Blocking, cores: int, rows) -> tirx.Stm
     return _loop("rows", ranges, rows_of, tirx.ForKind.PARALLEL)
 
 
-def _split_gather(pack_b: PackB):
+def _split_gather(pack_b: PackB, panels: int | None = None, k_size: int | None = None,
+                  nr: int | None = None):
     """``pack_b``'s value as a gather ``src[col_part(panel) + k_part(k) + lane]`` from the
     flat ``src`` (:func:`split_gather`): a conv's im2col from its padded input, where the
     window's ``k // (kh·kw)``, ``k % kw``… are the k part. Returns (a flat view of src,
-    col_part, k_part, src's data), or None."""
+    col_part, k_part, src's data), or None. ``panels``, ``k_size``, ``nr``: the variables'
+    extents, which fold what only their ranges make exact (a 1×1 conv's flat positions over
+    whole panels: ``p % W + (p % HW) // W · W + p // HW · CHW`` is ``p`` for p < HW)."""
     panel, k, lane = (tirx.Var(n, "int64") for n in ("panel", "k", "lane"))
     value = pack_b(panel, k, lane)
-    split = split_gather(value, panel, k, lane)
+    ranges = {}
+    if panels is not None and k_size is not None and nr is not None:
+        ranges = {panel: panels, k: k_size, lane: nr}
+    split = split_gather(value, panel, k, lane, ranges)
     if split is not None:
         return (*split, False)
-    joint = split_gather(value, (panel, lane), k)
+    joint = split_gather(value, (panel, lane), k, None, ranges)
     return None if joint is None else (*joint, True)
 
 
-def split_gather(value, outer, k: tirx.Var, lane: tirx.Var | None = None):
+def split_gather(value, outer, k: tirx.Var, lane: tirx.Var | None = None,
+                 ranges: dict | None = None):
     """``value``, an expression of ``outer`` (a panel, a row; or a tuple of variables, e.g.
     a panel and its lane, that the outer part takes together), ``k`` and ``lane``, as a load
     ``src[outer_part(outer) + k_part(k) (+ lane)]`` from a flat view of ``src``: when it is
@@ -575,6 +773,11 @@ def split_gather(value, outer, k: tirx.Var, lane: tirx.Var | None = None):
     # (t // W)·W + t % W = t
     parts = (_parts(_terms(flat_index, 1), names)
              or _parts(_terms(_simplify(flat_index), 1), names))
+    if parts is None and ranges:  # as simplified with the variables in their ranges
+        bounded = sym.Analyzer()
+        for var, extent in ranges.items():
+            bounded.bind(var, tvm.ir.Range(_i64(0), _i64(extent)))
+        parts = _parts(_terms(bounded.simplify(flat_index), 1), names)
     if parts is None:
         return None
 
@@ -643,5 +846,5 @@ def _ceildiv(n: int, d):
     return tirx.floordiv(_i64(n) + d - _i64(1), d)
 
 
-__all__ = ["STREAM_ROW_TILES", "Blocking", "Gemm", "emit_gemm", "parallel_plan",
-           "split_gather"]
+__all__ = ["STREAM_ROW_TILES", "Blocking", "Gemm", "ThreadPlan", "emit_gemm", "grid_shares",
+           "parallel_plan", "rows_cost", "split_gather", "thread_plan"]

@@ -295,6 +295,28 @@ def _softmax_feeds_sigmoid(case: Case) -> bool:
     return hit and case.options.get("schedule") is False
 
 
+
+def test_each_case_plans_with_a_database_of_its_own(monkeypatch):
+    """Apollo writes the blocklist entries it learns through to the profiling database: at a
+    fixed path the first write created it, later cases planned with it and concurrent fuzz
+    processes crashed reading it ("disk I/O error", seeds 2518, 2528, 2541). Each case now
+    gets a file of its own, gone afterwards, and the caller's setting is restored."""
+    seen = []
+
+    def build(case, inputs, **options):
+        seen.append(os.environ["TVM_FUSION_DB"])
+        with open(seen[-1], "w") as f:  # what a blocklist write does
+            f.write("")
+        raise RuntimeError("no build here")
+
+    monkeypatch.setattr(differential, "_build_and_run", build)
+    monkeypatch.setenv("TVM_FUSION_DB", "/caller/choice.db")
+    for _ in range(2):
+        assert differential.check_case(draw_case(3)).cls == "skipped"
+    assert len(set(seen)) == 2 and not any(os.path.exists(p) for p in seen), seen
+    assert os.environ["TVM_FUSION_DB"] == "/caller/choice.db"
+
+
 def test_a_packed_gemm_that_falls_back_is_recorded(monkeypatch):
     """A build whose packed GEMM kernel failed (and ran on register tiles) has the right
     values and a slower kernel: the case stays ``ok`` and names the fallback (a C prefetch

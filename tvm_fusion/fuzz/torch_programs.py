@@ -207,7 +207,16 @@ def check_program(case: TorchCase, target="llvm", rtol: float = 1e-4,
                   atol: float = 1e-5) -> TorchResult:
     """Export, import, build with tvm_fusion (and stock TVM), run at two sizes from one build,
     compare with PyTorch, which is the reference: ``skipped`` only when torch cannot export
-    the case; stock TVM failing or disagreeing is recorded (``stock``), not a reason to skip."""
+    the case; stock TVM failing or disagreeing is recorded (``stock``), not a reason to skip.
+    The build sees a profiling database of its own, not the machine's
+    (:func:`~.differential.private_database`)."""
+    from .differential import private_database
+
+    with private_database():
+        return _check_program(case, target, rtol, atol)
+
+
+def _check_program(case: TorchCase, target, rtol: float, atol: float) -> TorchResult:
     import torch
     import tvm
 

@@ -65,6 +65,9 @@ def main(argv=None) -> int:
                    help="share of cases whose whole graph is cast to float16 (0.1)")
     p.add_argument("--qdq-share", type=_share, default=0.3,
                    help="share of cases with QDQ int8 Conv/MatMul/Gemm (0.3)")
+    p.add_argument("--gemm-block-share", type=_share, default=0.1,
+                   help="share of cases ending in two or three GEMMs with Table 3's M2M->M2M "
+                        "green, so one block holds them (0.1)")
     p.add_argument("--max-nodes", type=int, default=12, help="nodes per graph at most (12)")
     p.add_argument("--memory", action="store_true",
                    help="also fail a case whose planned activation memory (default tvm_fusion "
@@ -111,7 +114,8 @@ def main(argv=None) -> int:
         fuzz(args.seeds, store, worker, target=args.target, special_share=args.special_share,
              option_share=args.option_share, symbolic_share=args.symbolic_share,
              fp16_share=args.fp16_share, qdq_share=args.qdq_share,
-             max_nodes=args.max_nodes, do_minimise=not args.no_minimise,
+             gemm_block_share=args.gemm_block_share, max_nodes=args.max_nodes,
+             do_minimise=not args.no_minimise,
              minimise_budget_s=args.minimise_budget,
              minimise_timeouts=args.minimise_timeouts,
              minimise_per_crash=args.minimise_per_crash, do_triage=not args.no_triage,

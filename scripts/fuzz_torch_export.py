@@ -26,8 +26,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", required=True, help="seed range A:B (B exclusive)")
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--target", default="llvm")
+    parser.add_argument("--target", default="native",
+                        help="TVM target (kind, tag or JSON dict); default (or 'native'): this "
+                             "machine's CPU, as scripts/fuzz.py (a bare 'llvm' is SSE2)")
     args = parser.parse_args(argv)
+    if args.target == "native":
+        from tvm_fusion.target import host_target_dict
+        args.target = json.dumps(host_target_dict())
     try:
         start, stop = (int(v) for v in args.seeds.split(":"))
     except ValueError:
@@ -44,7 +49,10 @@ def main(argv=None) -> int:
             result = check_program(draw_program(seed), args.target)
         counts[result.status] = counts.get(result.status, 0) + 1
         print(f"seed {seed}: {result.status} {' '.join(result.blocks)} "
-              f"{result.error.splitlines()[0] if result.error else ''}", flush=True)
+              f"{result.error.splitlines()[0] if result.error else ''}"
+              + "".join(f"\n  fallback: {f}" for f in result.fallbacks), flush=True)
+        if result.fallbacks:
+            counts["fallback"] = counts.get("fallback", 0) + 1
         lines.append(json.dumps(asdict(result)))
         atomic_write_text(log, "\n".join(lines) + "\n")
     print(json.dumps(counts))

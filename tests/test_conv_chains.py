@@ -399,3 +399,33 @@ def _walk(module):
     yield module
     for imported in module.imports:
         yield from _walk(imported)
+
+
+def test_chain_whose_tile_loop_tvm_will_not_parallelise_is_declined():
+    """A 1×1 conv from one channel then a padded 3×3 conv on a 1×4 map (fuzz seed 6141): the
+    tiles are 1 wide, the first conv's halo leaves the map and compute_at clips it with a
+    predicate, and TVM takes no predicated reduction inside a parallel loop. The template
+    declines before building (the reason in the notes, no ScheduleFailedWarning) and the
+    per-operator rules schedule the block."""
+    import warnings
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvm_fusion.testing.notes import schedule_notes
+    from tvm_fusion.tir_schedules.records import ScheduleFailedWarning
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype("float32"), n)
+             for n, s in (("w1", (16, 1, 1, 1)), ("b1", (16,)), ("w2", (16, 16, 3, 3)))]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], kernel_shape=[1, 1]),
+         helper.make_node("Conv", ["h", "w2"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+        "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1, 1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16, 1, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScheduleFailedWarning)
+        mod = _numerics(model, table3={("M2M", "M2M"): "green"}, conv_chains="cost_model")
+    assert "conv-chain template not used (TVM does not run its tile loop in parallel" in \
+        schedule_notes(mod)

@@ -7,6 +7,7 @@ AArch64."""
 from __future__ import annotations
 
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from tvm_fusion.testing.notes import schedule_notes
 from tvm_fusion.tir_schedules.cpu_target import CpuParams, cpu_params
 from tvm_fusion.tir_schedules.fused_block import FALLBACK_ATTR, SCHEDULE_ATTR, schedule_primfunc
 from tvm_fusion.tir_schedules.gemm_template import Blocking, parallel_plan
+from tvm_fusion.tir_schedules.records import ScheduleFailedWarning
 
 
 def _vi(name, shape):
@@ -188,6 +190,61 @@ def test_swiglu_of_two_gemms_in_one_function():
     gate, up = x @ wg, x @ wu
     np.testing.assert_allclose(out.numpy(), gate / (1 + np.exp(-gate)) * up, rtol=1e-5,
                                atol=1e-5)
+
+
+
+def _two_gemms_of_one_name():
+    """Two packed GEMMs of one function whose result buffers are both ``matmul_packed`` (as
+    FuseTIR leaves each operator's internal buffer; TE names them the same way)."""
+    x = tvm.te.placeholder((5, 16), name="x")
+    wg, wu = (tvm.te.placeholder((3, 16, 8), name=n) for n in ("wg", "wu"))
+
+    def gemm(w):
+        k = tvm.te.reduce_axis((0, 16), name="k")
+        return tvm.te.compute((5, 20), lambda i, j: tvm.te.sum(x[i, k] * w[j // 8, k, j % 8],
+                                                                 axis=k), name="matmul_packed")
+    g, u = gemm(wg), gemm(wu)
+    out = tvm.te.compute((5, 20), lambda i, j: g[i, j] * u[i, j], name="out")
+    return tvm.te.create_prim_func([x, wg, wu, out])
+
+
+def test_two_gemms_writing_buffers_of_one_name_are_both_packed():
+    """cache_write names each write-back after the buffer it writes: both are
+    ``matmul_packed_local``. Looked up by name, one GEMM's nest went in both places, whose
+    lowering failed ('acc0 has duplicate definitions') and the block fell back to register
+    tiles (fuzz seeds 1908, 2274); each write-back is now marked with its GEMM's name."""
+    func = _two_gemms_of_one_name()
+    assert [b.name for b in func.body.block.alloc_buffers] == ["matmul_packed"] * 2
+    func = schedule_primfunc(func, cpu_params(ZEN3), fast=False)
+    notes = "\n".join(func.attrs[SCHEDULE_ATTR])
+    assert notes.count("packed GEMM") == 2, notes
+    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                         tvm.target.Target("llvm"))
+    rng = np.random.default_rng(0)
+    x, wg, wu = (rng.standard_normal(s).astype("float32") for s in ((5, 16), (16, 20), (16, 20)))
+
+    packed = [np.zeros((3, 16, 8), "float32") for _ in range(2)]  # 8-column panels
+    for p, w in zip(packed, (wg, wu)):
+        for j in range(20):
+            p[j // 8, :, j % 8] = w[:, j]
+    out = tvm.runtime.empty((5, 20), "float32")
+    lib["main"](*(tvm.runtime.tensor(a) for a in (x, *packed)), out)
+    np.testing.assert_allclose(out.numpy(), (x @ wg) * (x @ wu), rtol=1e-5, atol=1e-5)
+
+
+def test_two_conv_gemms_in_one_block_are_both_packed():
+    """A 1×1 conv then a padded 3×3 conv in one block (M2M→M2M green): both conv GEMMs write
+    a buffer named ``matmul_packed`` and both get the packed GEMM kernel, no fallback."""
+    model = _model([helper.make_node("Conv", ["x", "w1"], ["h"], kernel_shape=[1, 1]),
+                    helper.make_node("Conv", ["h", "w2"], ["y"], kernel_shape=[3, 3],
+                                     pads=[1, 1, 1, 1])],
+                   [_vi("x", [1, 4, 6, 6])], [_vi("y", [1, 16, 6, 6])],
+                   [_w("w1", [32, 4, 1, 1]), _w("w2", [16, 32, 3, 3], 1)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScheduleFailedWarning)
+        mod = _check(model, table3={("M2M", "M2M"): "green"})
+    notes = schedule_notes(mod)
+    assert "matmul_packed: packed GEMM" in notes and "matmul_packed1: packed GEMM" in notes, notes
 
 
 def test_symbolic_rows_one_build_several_sizes():

@@ -169,6 +169,29 @@ def test_generator_draws_wide_convs():
     assert kinds["deep"] >= 10 and kinds["grouped"] >= 2 and kinds["qdq"] >= 1, kinds
 
 
+
+def test_generator_draws_gemm_blocks():
+    """Two or three GEMMs at the end of the graph with Table 3's M2M→M2M green, so that one
+    block holds them (fuzz seeds 1908 and 2274: conv GEMMs writing buffers of one name fell
+    back to register tiles), on ``gemm_block_share`` of the cases; the other cases are the
+    graphs they were."""
+    gemms = {"Conv", "MatMul", "Gemm"}
+    drawn = paired = 0
+    for seed in range(100):
+        case = draw_case(seed, qdq_share=0.0, fp16_share=0.0, weight_only_share=0.0)
+        plain = draw_case(seed, qdq_share=0.0, fp16_share=0.0, weight_only_share=0.0,
+                          gemm_block_share=0.0)
+        if case.model.SerializeToString() == plain.model.SerializeToString() and \
+                case.options == plain.options:
+            continue
+        drawn += 1
+        assert case.options["table3"][("M2M", "M2M")] == "green", case.options
+        added = sum(n.op_type in gemms for n in case.model.graph.node) - \
+            sum(n.op_type in gemms for n in plain.model.graph.node)
+        paired += added >= 2
+    assert 4 <= drawn <= 20 and paired >= drawn * 2 // 3, (drawn, paired)
+
+
 def test_generator_draws_weight_only_quantized_matmuls():
     """Issue 21, item 4: a share of the float32 cases reads its MatMul/Gemm weights through
     an int8 or uint8 DequantizeLinear per output channel, activations left in float32 (no
@@ -270,6 +293,28 @@ def _softmax_feeds_sigmoid(case: Case) -> bool:
     hit = any(n.op_type == "Sigmoid" and made.get(n.input[0]) == "Softmax"
               for n in case.model.graph.node)
     return hit and case.options.get("schedule") is False
+
+
+
+def test_each_case_plans_with_a_database_of_its_own(monkeypatch):
+    """Apollo writes the blocklist entries it learns through to the profiling database: at a
+    fixed path the first write created it, later cases planned with it and concurrent fuzz
+    processes crashed reading it ("disk I/O error", seeds 2518, 2528, 2541). Each case now
+    gets a file of its own, gone afterwards, and the caller's setting is restored."""
+    seen = []
+
+    def build(case, inputs, **options):
+        seen.append(os.environ["TVM_FUSION_DB"])
+        with open(seen[-1], "w") as f:  # what a blocklist write does
+            f.write("")
+        raise RuntimeError("no build here")
+
+    monkeypatch.setattr(differential, "_build_and_run", build)
+    monkeypatch.setenv("TVM_FUSION_DB", "/caller/choice.db")
+    for _ in range(2):
+        assert differential.check_case(draw_case(3)).cls == "skipped"
+    assert len(set(seen)) == 2 and not any(os.path.exists(p) for p in seen), seen
+    assert os.environ["TVM_FUSION_DB"] == "/caller/choice.db"
 
 
 def test_a_packed_gemm_that_falls_back_is_recorded(monkeypatch):

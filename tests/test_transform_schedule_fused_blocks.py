@@ -110,3 +110,35 @@ def test_rows_run_in_parallel_and_the_row_is_vectorised():
     with CPU:
         after = ScheduleFusedBlocks(CPU)(_before(64, 256))
     tvm.ir.assert_structural_equal(after["fused_add_relu"], expected)
+
+
+# fmt: off
+@T.prim_func(s_tir=True)
+def _padded_rows(x: T.Buffer((1, 64, 1), "float32"), out: T.Buffer((1, 64, 1), "float32")):
+    pad = T.sblock_alloc_buffer((1, 64, 3))
+    for i0, i1, i2 in T.grid(1, 64, 3):
+        with T.sblock("pad"):
+            v0, v1, v2 = T.axis.remap("SSS", [i0, i1, i2])
+            pad[v0, v1, v2] = T.if_then_else(v2 == 1, x[v0, v1, 0], T.float32(0))
+    for i0, i1, i2 in T.grid(1, 64, 1):
+        with T.sblock("row"):
+            v0, v1, v2 = T.axis.remap("SSS", [i0, i1, i2])
+            out[v0, v1, v2] = pad[v0, (v1 + 1) % 64, 0] + pad[v0, v1, 1] + pad[v0, v1, 2]
+# fmt: on
+
+
+def test_parallel_loops_start_below_an_attached_stage():
+    """A stage attached at the unit batch loop above the rows (a padding computed once) breaks
+    the nest there: the parallel loop is the row loop below it, not a fuse across the stage,
+    which TVM rejects (fuzz seed 2478: the block fell back to plain loops)."""
+    from tvm import s_tir
+
+    from tvm_fusion.tir_schedules.cpu_target import cpu_params
+    from tvm_fusion.tir_schedules.loops import parallelize
+
+    sch = s_tir.Schedule(_padded_rows)
+    row = sch.get_sblock("row")
+    sch.compute_at(sch.get_sblock("pad"), sch.get_loops(row)[0])
+    loops = sch.get_loops(row)
+    assert parallelize(sch, loops[:2], 1 << 20, cpu_params(CPU)) == "parallel 64"
+    assert sch.get(loops[1]).kind == tvm.tirx.ForKind.PARALLEL

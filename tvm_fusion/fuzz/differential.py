@@ -21,9 +21,11 @@ exactly; matching NaN and same-signed infinities are equal (:func:`tvm_fusion.nu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -139,13 +141,37 @@ def _build_and_run(case: Case, inputs: list[np.ndarray], **compile_args) -> list
     return run(executable, inputs)
 
 
+@contextlib.contextmanager
+def private_database():
+    """``$TVM_FUSION_DB`` at a file of a new temporary folder, removed afterwards: a case's
+    plans depend on no profiling database. A fixed path that does not exist was not enough:
+    Apollo writes the blocklist entries it learns through to the database, creating the file,
+    so later cases (of any fuzz process on the machine) planned with them, and processes
+    reading it while another wrote failed with "disk I/O error" (seeds 2518, 2528, 2541)."""
+    old = os.environ.get("TVM_FUSION_DB")
+    with tempfile.TemporaryDirectory(prefix="tvm_fusion-fuzz-") as tmp:
+        os.environ["TVM_FUSION_DB"] = os.path.join(tmp, "profiling.db")
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("TVM_FUSION_DB", None)
+            else:
+                os.environ["TVM_FUSION_DB"] = old
+
+
 def check_case(case: Case, on_stage: Callable[[str], None] | None = None) -> Outcome:
     """Classify ``case`` (see the module docstring); never raises for a model's failure.
 
     ``on_stage`` is told each stage before it starts (``reference``, ``stock``, ``ours``), so a
-    supervisor that kills a hung child knows whose compile hung.
+    supervisor that kills a hung child knows whose compile hung. The builds see a profiling
+    database of their own (:func:`private_database`).
     """
-    os.environ.setdefault("TVM_FUSION_DB", os.path.join(os.sep, "nonexistent", "fuzz.db"))
+    with private_database():
+        return _check_case(case, on_stage)
+
+
+def _check_case(case: Case, on_stage: Callable[[str], None] | None) -> Outcome:
     start = time.perf_counter()
     stage = on_stage or (lambda _s: None)
 
@@ -195,8 +221,10 @@ def check_case_memory(case: Case, on_stage: Callable[[str], None] | None = None)
     (on_stage or (lambda _s: None))("memory")
     start = time.perf_counter() - outcome.seconds
     mod = import_onnx(case.model)
-    stock = planned_memory(fuse(mod, case.target, strategy="tvm"), case.target, repack=False)
-    ours = planned_memory(fuse(mod, case.target), case.target)
+    with private_database():
+        stock = planned_memory(fuse(mod, case.target, strategy="tvm"), case.target,
+                               repack=False)
+        ours = planned_memory(fuse(mod, case.target), case.target)
     outcome.stock_bytes, outcome.ours_bytes = stock.total, ours.total
     if ours.total > stock.total:
         outcome.cls, outcome.stage = "memory", "memory"

@@ -17,7 +17,7 @@ from .worker import Worker
 def fuzz(seeds: Iterable[int], store: Store, worker: Worker, *, target: str = "llvm",
          special_share: float = 0.3, option_share: float = 0.15, symbolic_share: float = 0.0,
          max_nodes: int = 12, fp16_share: float = 0.1, qdq_share: float = 0.3,
-         do_minimise: bool = True, minimise_budget_s: float = 120.0,
+         gemm_block_share: float = 0.1, do_minimise: bool = True, minimise_budget_s: float = 120.0,
          minimise_timeouts: bool = False, minimise_per_crash: int = 3, do_triage: bool = True,
          on_case: Callable[[dict], None] | None = None) -> Counter:
     """Run every seed not already in ``store``; return the count per class.
@@ -38,7 +38,8 @@ def fuzz(seeds: Iterable[int], store: Store, worker: Worker, *, target: str = "l
             continue
         try:
             case = draw_case(seed, target, special_share, option_share, symbolic_share,
-                             max_nodes, fp16_share, qdq_share)
+                             max_nodes, fp16_share, qdq_share,
+                             gemm_block_share=gemm_block_share)
         except Exception as err:  # noqa: BLE001 - a generator bug must not stop the run
             rec = {"seed": seed, "class": "skipped", "stage": "generate",
                    "error": f"{type(err).__name__}: {err}"[:300]}

@@ -16,9 +16,12 @@ import math
 import os
 import tempfile
 import traceback
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..tir_schedules.records import ScheduleFailedWarning
 
 __all__ = ["BLOCKS", "TorchCase", "check_program", "draw_program"]
 
@@ -45,6 +48,9 @@ class TorchResult:
     max_err: float = 0.0
     sizes: list = field(default_factory=list)
     stock: str = ""  # how stock TVM failed or disagreed, if it did
+    # schedules of our build that failed and fell back (ScheduleFailedWarning): right values,
+    # slower kernels, as in the ONNX fuzzer's records
+    fallbacks: list = field(default_factory=list)
 
 
 def _pick(rng, values):
@@ -201,7 +207,16 @@ def check_program(case: TorchCase, target="llvm", rtol: float = 1e-4,
                   atol: float = 1e-5) -> TorchResult:
     """Export, import, build with tvm_fusion (and stock TVM), run at two sizes from one build,
     compare with PyTorch, which is the reference: ``skipped`` only when torch cannot export
-    the case; stock TVM failing or disagreeing is recorded (``stock``), not a reason to skip."""
+    the case; stock TVM failing or disagreeing is recorded (``stock``), not a reason to skip.
+    The build sees a profiling database of its own, not the machine's
+    (:func:`~.differential.private_database`)."""
+    from .differential import private_database
+
+    with private_database():
+        return _check_program(case, target, rtol, atol)
+
+
+def _check_program(case: TorchCase, target, rtol: float, atol: float) -> TorchResult:
     import torch
     import tvm
 
@@ -217,11 +232,15 @@ def check_program(case: TorchCase, target="llvm", rtol: float = 1e-4,
             return result
         try:
             mod = import_model(load_model(path))
-            vms = {"ours": tvm.relax.VirtualMachine(compile_model(mod, target), tvm.cpu())}
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ScheduleFailedWarning)
+                vms = {"ours": tvm.relax.VirtualMachine(compile_model(mod, target), tvm.cpu())}
         except Exception as err:  # noqa: BLE001
             result.status = "crash"
             result.error = _first_line(err) + "\n" + traceback.format_exc(limit=-3)
             return result
+        result.fallbacks = [_first_line(w.message) for w in caught
+                            if issubclass(w.category, ScheduleFailedWarning)]
         try:
             vms["stock"] = tvm.relax.VirtualMachine(
                 compile_model(mod, target, strategy="none"), tvm.cpu())

@@ -271,7 +271,11 @@ def prepare_packed_gemms(sch: s_tir.Schedule, params: CpuParams
         if problem:  # cache_write stays: the register-tile rule takes an accumulator block
             notes.append(f"{name}: packed GEMM kernel not used ({problem}); register tiles")
             continue
-        sch.annotate(wb, PACKED_GEMM_STAGE, 1)
+        # the write-back is found again by this mark, not by its name: cache_write names it
+        # after the buffer it writes, and two GEMMs of one block may write buffers of one
+        # name (FuseTIR keeps each operator's ``matmul_packed``): both are
+        # ``matmul_packed_local``, and a lookup by name put one GEMM's nest in both places
+        sch.annotate(wb, PACKED_GEMM_STAGE, name)
         sites.append(site)
     return sites, notes
 
@@ -321,14 +325,16 @@ def emit_packed_gemms(func: tirx.PrimFunc, sites: list[GemmSite], params: CpuPar
     if not sites:
         return func, []
     blocks = {b.name_hint: b for b in iter_sblocks(func)}
+    writebacks = {str(b.annotations[PACKED_GEMM_STAGE]): b for b in iter_sblocks(func)
+                  if PACKED_GEMM_STAGE in b.annotations}
     replace, drop, notes = {}, set(), []
     root = func.body.block
     stmts = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
     for site in sites:
-        gemm, wb = blocks[site.gemm], blocks[site.writeback]
+        gemm, wb = blocks[site.gemm], writebacks[site.gemm]
         packer = _packing_stage(match_packed_gemm(gemm), stmts)
         nest, note = _nest(gemm, wb, params, packer)
-        replace[site.writeback] = nest
+        replace[site.gemm] = nest  # keyed by the GEMM: write-backs may share a name
         drop.add(site.gemm)
         if packer is not None:
             drop.add(packer.name_hint)
@@ -337,8 +343,12 @@ def emit_packed_gemms(func: tirx.PrimFunc, sites: list[GemmSite], params: CpuPar
         notes.append(f"{site.gemm}: packed GEMM {note}{epilogue}")
     out = []
     for stmt in stmts:
-        names = {b.name_hint for b in find_all(stmt, SBlock)}
-        hit = [n for n in names if n in replace]
+        inside = find_all(stmt, SBlock)
+        names = {b.name_hint for b in inside}
+        hit = [str(b.annotations[PACKED_GEMM_STAGE]) for b in inside
+               if PACKED_GEMM_STAGE in b.annotations]
+        if len(hit) > 1:
+            raise ValueError(f"write-backs of {hit} in one nest")
         if hit:
             out.append(replace[hit[0]])
         elif not names & drop:

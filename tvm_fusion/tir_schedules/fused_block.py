@@ -109,11 +109,15 @@ def schedule_with_fallback(gvar, func: tirx.PrimFunc, params: CpuParams,
             warnings.warn(f"tvm_fusion: attention kernel of {gvar.name_hint} does not lower "
                           f"({type(err).__name__}: {first_line(err)}); using the per-operator "
                           f"rules", ScheduleFailedWarning, stacklevel=2)
-    chained = try_schedule_conv_chain(gvar, func, params, fast)
+    declined: list[str] = []
+    chained = try_schedule_conv_chain(gvar, func, params, fast, declined)
     if chained is not None:
         return chained
     try:
-        return probe_build(schedule_primfunc(func, params, fast=fast))
+        out = probe_build(schedule_primfunc(func, params, fast=fast))
+        if declined:
+            out = out.with_attr(SCHEDULE_ATTR, declined + list(out.attrs[SCHEDULE_ATTR]))
+        return out
     except Exception as err:  # noqa: BLE001 (TVM raises several types; all mean "not this")
         reason = f"{type(err).__name__}: {first_line(err)}"
     if has_packed_gemm(func):  # the packed GEMM kernel failed: the register-tile rule

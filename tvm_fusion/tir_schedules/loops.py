@@ -131,7 +131,8 @@ def _fenced(sch: s_tir.Schedule, loop) -> bool:
 
 
 def parallelize(sch: s_tir.Schedule, loops: list, work: int, params: CpuParams) -> str:
-    """Run the outermost of ``loops`` (a perfect nest) in parallel when the work is worth it.
+    """Run the outermost of ``loops`` in parallel when the work is worth it; where a stage
+    attached between two of them breaks the nest, from the loop below it.
 
     Only as many outer loops are fused as give every core enough chunks to balance
     (``CHUNKS_PER_CORE``); the rest stay serial inside. Fusing the whole tile nest into one
@@ -142,6 +143,10 @@ def parallelize(sch: s_tir.Schedule, loops: list, work: int, params: CpuParams) 
         return "serial"
     chosen, extent = [], 1
     for loop in loops:
+        if chosen and not sch.get(chosen[-1]).body.same_as(sch.get(loop)):
+            # a stage attached between them (a padding computed once, at a unit loop above
+            # the rows: fuzz seed 2478): fuse cannot cross it; the parallel loop starts below
+            chosen, extent = [], 1
         chosen.append(loop)
         extent *= loop_size(sch, loop)
         if extent >= CHUNKS_PER_CORE * params.cores:

@@ -145,6 +145,11 @@ def choose_tile(out_h: int, out_w: int, channels: list[int], chain: list[tuple[i
 # --------------------------------------------------------------------------------- CPU
 
 
+class ChainDeclined(ValueError):
+    """The template does not apply to this chain, for a reason known before anything fails
+    to build: the per-operator rules take it, the reason in their notes (no warning)."""
+
+
 def schedule_conv_chain_cpu(sch: s_tir.Schedule, params: CpuParams,
                             tile: tuple[int, int] | None = None) -> list[str]:
     """Schedule a fused chain in place; returns one note per step. Raises when the function
@@ -178,6 +183,19 @@ def schedule_conv_chain_cpu(sch: s_tir.Schedule, params: CpuParams,
         if name in done or name not in _live(sch):
             continue
         sch.compute_at(sch.get_sblock(name), tile_loop, preserve_unit_loops=True)
+    trial = sch.copy()
+    try:
+        trial.parallel(tile_loop)
+    except s_tir.ScheduleError as err:
+        # TVM's check of the stages in a parallel loop: a stage computed per tile whose halo
+        # leaves the map is clipped by a predicate, and a predicated reduction (a 1×1 conv
+        # from one channel over a 9-wide map, tiles 1 wide: fuzz seed 6141) is neither a
+        # complete nor a reduction block to it
+        detail = next((line.strip() for line in str(err).splitlines()
+                       if line.startswith("Error message:")), "")
+        raise ChainDeclined("TVM does not run its tile loop in parallel"
+                            + (f" ({detail[len('Error message: '):][:160]})" if detail else "")
+                            ) from None
     sch.parallel(tile_loop)  # before decompose_reduction: it needs reduction blocks
     decompose = []
     for name in stages.blocks:
@@ -678,16 +696,19 @@ def shared_bytes(func: tirx.PrimFunc) -> int:
     return total
 
 
-__all__ = ["chain_stages", "is_conv_chain", "choose_band", "choose_tile", "halo_extent",
-           "schedule_conv_chain_cpu", "schedule_conv_chain_gpu", "try_schedule_conv_chain_gpu",
-           "gpu_configs", "gpu_kernel_ok", "shared_bytes", "CHAIN_ATTR"]
+__all__ = ["ChainDeclined", "chain_stages", "is_conv_chain", "choose_band", "choose_tile",
+           "halo_extent", "schedule_conv_chain_cpu", "schedule_conv_chain_gpu",
+           "try_schedule_conv_chain_gpu", "gpu_configs", "gpu_kernel_ok", "shared_bytes",
+           "CHAIN_ATTR"]
 
 
-def try_schedule_conv_chain(gvar, func: tirx.PrimFunc, params: CpuParams, fast: bool = True):
+def try_schedule_conv_chain(gvar, func: tirx.PrimFunc, params: CpuParams, fast: bool = True,
+                            declined: list | None = None):
     """The dispatch hook of ``ScheduleFusedBlocks``: a fused chain of 2–3 region-based
     operators gets the overlapped-tile template; anything else returns None (the usual rules).
     A chain the template fails on returns None too, with a warning, and the usual rules (and
-    their fallback) take it."""
+    their fallback) take it; one it declines (:class:`ChainDeclined`) returns None with the
+    reason appended to ``declined``, no warning."""
     base = protect_negations(func).with_attr("global_symbol", "main")
     try:
         sch = s_tir.Schedule(base)
@@ -700,6 +721,10 @@ def try_schedule_conv_chain(gvar, func: tirx.PrimFunc, params: CpuParams, fast: 
         tile = tuple(int(t) for t in func.attrs["tvm_fusion.conv_chain_tile"])
     try:
         notes = schedule_conv_chain_cpu(sch, params, tile)
+    except ChainDeclined as why:
+        if declined is not None:
+            declined.append(f"conv-chain template not used ({why})")
+        return None
     except Exception as err:  # noqa: BLE001
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         warnings.warn(f"tvm_fusion: conv-chain template failed on {gvar.name_hint} "

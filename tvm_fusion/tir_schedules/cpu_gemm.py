@@ -571,8 +571,8 @@ def _sliver_copy(gather, k_offsets: tirx.Buffer, rows: int | None, k: int, mr: i
     count = -(-rows // mr)
     runs = [all(offsets[m] == offsets[s * mr] + m - s * mr
                 for m in range(s * mr, min(rows, s * mr + mr))) for s in range(count)]
-    if not runs[0] or sum(not r for r in runs) > 8:
-        return None  # not consecutive rows: the plain copy
+    if 2 * sum(runs) < count or sum(not r for r in runs) > 8:
+        return None  # rows mostly not consecutive (a padded window), or many images
     copy = tirx.decl_buffer((count, k, mr), "float32", "a_slivers")
     s_var = tirx.Var("s", "int64")
 

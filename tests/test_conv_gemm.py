@@ -300,6 +300,24 @@ def test_im2col_gathers_through_a_table_of_k_offsets(case):
     _check(model, AVX2)
 
 
+@pytest.mark.parametrize("case", [(3, 32, 32, 3, 2, 1), (144, 24, 16, 1), (16, 32, 32, 3, 2, 1)],
+                         ids=["stem-3x3s2", "1x1-144>24", "3x3s2-16>32"])
+def test_few_row_tiles_read_b_in_place(case):
+    """At most two row tiles (≤ 32 output channels on Zen 4's 16×16 tile): the micro-kernels
+    read B from the (padded) input through the k table where its packing would have, no
+    ``b_block``; 64 channels (four tiles) still pack it. The numbers stay ONNX Runtime's."""
+    def script(model):
+        return "\n".join(f.script() for f in fuse(import_onnx(model), ZEN4).functions.values()
+                         if isinstance(f, tvm.tirx.PrimFunc))
+    model = conv_model(*case)
+    text = script(model)
+    assert "k_offsets" in text and "b_block" not in text, text
+    wide = conv_model(case[0], 64, *case[2:])
+    assert "b_block" in script(wide)
+    _check(model, ZEN4)
+    _check(model, AVX2)  # AVX2's 6×16 tile: 32 channels are 6 tiles, packed
+
+
 # positions as rows of a 1x1 conv (NCHW): (c_in, c_out, size, batch, target); batch > 1 puts
 # slivers across two images
 SLIVER_CASES = {

@@ -300,6 +300,57 @@ def test_im2col_gathers_through_a_table_of_k_offsets(case):
     _check(model, AVX2)
 
 
+@pytest.mark.parametrize("case", [(3, 32, 32, 3, 2, 1), (144, 24, 16, 1), (16, 32, 32, 3, 2, 1)],
+                         ids=["stem-3x3s2", "1x1-144>24", "3x3s2-16>32"])
+def test_few_row_tiles_read_b_in_place(case):
+    """At most two row tiles (≤ 32 output channels on Zen 4's 16×16 tile): the micro-kernels
+    read B from the (padded) input through the k table where its packing would have, no
+    ``b_block``; 64 channels (four tiles) still pack it. The numbers stay ONNX Runtime's."""
+    def script(model):
+        return "\n".join(f.script() for f in fuse(import_onnx(model), ZEN4).functions.values()
+                         if isinstance(f, tvm.tirx.PrimFunc))
+    model = conv_model(*case)
+    text = script(model)
+    assert "k_offsets" in text and "b_block" not in text, text
+    wide = conv_model(case[0], 64, *case[2:])
+    assert "b_block" in script(wide)
+    _check(model, ZEN4)
+    _check(model, AVX2)  # AVX2's 6×16 tile: 32 channels are 6 tiles, packed
+
+
+# positions as rows of a 1x1 conv (NCHW): (c_in, c_out, size, batch, target); batch > 1 puts
+# slivers across two images
+SLIVER_CASES = {
+    "zen4-960>160@7": (960, 160, 7, 1, ZEN4),  # MobileNetV2's: 4 slivers of 12 rows + 1
+    "zen4-40>96@3-batch2": (40, 96, 3, 2, ZEN4),
+    "avx2-33>64@5": (33, 64, 5, 1, AVX2),
+    "avx2-33>64@5-batch2": (33, 64, 5, 2, AVX2),
+    "avx2-40>96@5-batch2": (40, 96, 5, 2, AVX2),
+    "neon-40>96@3-batch2": (40, 96, 3, 2, NEON),
+    "neon-64>128@5": (64, 128, 5, 1, NEON),
+}
+
+
+@pytest.mark.parametrize("case", list(SLIVER_CASES))
+def test_positions_as_rows_copy_contiguous_runs_into_row_slivers(case):
+    """A 1x1 conv's positions as rows read its NCHW input transposed: ``A[m, k] = x[k, m]``.
+    Copied row-major, that was a gather per value (``vgatherqps`` on AVX-512, ~15 % of
+    MobileNetV2's 960→160 conv at 7×7); it is copied as the micro-kernel reads it, slivers
+    ``a_slivers[m // MR, k, m % MR]``, each sliver's MR rows one run of MR consecutive floats
+    per k (the last sliver only its rows, 49 = 4·12 + 1), and only a sliver across two images
+    through the gather. The numbers stay ONNX Runtime's (odd maps, batch 2)."""
+    c_in, c_out, size, batch, target = SLIVER_CASES[case]
+    model = conv_model(c_in, c_out, size, 1, batch=batch)
+    script = "\n".join(f.script() for f in fuse(import_onnx(model), target).functions.values()
+                       if isinstance(f, tvm.tirx.PrimFunc))
+    assert "a_slivers" in script and "a_rows" not in script, script
+    if case == "zen4-960>160@7":  # the 4 full slivers: consecutive floats, no table per row
+        assert "x_flat[s * T.int64(12) + lane + a_k_offsets[kk]]" in script, script
+    if target is NEON:
+        return  # AArch64: the plan builds (the TIR above); not run here
+    _check(model, target)
+
+
 @pytest.mark.parametrize("target", [AVX2, NEON], ids=["avx2", "neon"])
 def test_gathered_positions_where_row_panels_would_pad_many_channels(target):
     """The flat output positions, packed through a table of column offsets, where whole

@@ -467,6 +467,17 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
 
         def load_a(m, kk):
             return tirx.BufferLoad(copy, [m, kk])
+        slivers = None if gather is None else _sliver_copy(
+            gather, offsets, known_rows, k, _tile_rows(match, params), params.cores)
+        if slivers is not None:
+            # rows consecutive in the input (an NCHW 1x1 conv's positions): copied as the
+            # micro-kernel reads them, MR rows side by side per k, by contiguous runs
+            copy, fill, mr_a = slivers
+            prologue = [tirx.AllocBuffer(copy), *tables, fill]
+
+            def load_a(m, kk):
+                return tirx.BufferLoad(copy, [tirx.floordiv(m, mr_a), kk,
+                                              tirx.floormod(m, mr_a)])
 
     store = wb.body
     wb_rows = [v for i, v in enumerate(wb_ivs) if i not in image_at]
@@ -537,6 +548,83 @@ def _nest(gemm: SBlock, wb: SBlock, params: CpuParams, packer: SBlock | None = N
     if sums_apart:
         note += "; float32 running sums between K blocks"
     return nest, note
+
+
+def _tile_rows(match: PackedGemm, params: CpuParams) -> int:
+    b_bytes = tvm.DataType(str(match.bp.ty.dtype)).bits // 8
+    return params.gemm_tile(match.nr, widened=b_bytes != 4,
+                            block_scales=match.scale is not None)[0]
+
+
+# rows of A past which the copy's runs are not worked out one by one at compile time
+_SLIVER_ROWS_MAX = 8192
+
+
+def _sliver_copy(gather, k_offsets: tirx.Buffer, rows: int | None, k: int, mr: int,
+                 cores: int):
+    """A's row-major copy as slivers ``a_slivers[m // MR, k, m % MR]`` (the micro-kernel's MR
+    broadcasts of a k step side by side), where the gathered read ``flat[row(m) + koff[k]]``
+    has consecutive rows at consecutive floats: an NCHW 1x1 conv's positions (positions as
+    rows), whose copy into ``a_rows[m, k]`` was a transpose, a gather per value (hardware
+    gathers on AVX-512). Each sliver whose MR rows are one run of the input (all of them in
+    one image: every one for batch 1) copies, per k, MR consecutive floats to MR consecutive
+    floats; a sliver across two images keeps the gather, and the last sliver copies only the
+    rows there are (its other lanes are never read). (buffer, fill loop, MR), or None."""
+    flat, row_part, _, _ = gather
+    if rows is None or rows > _SLIVER_ROWS_MAX or rows < 2 or mr < 2:
+        return None
+    analyzer = sym.Analyzer()
+    offsets = [const_int(analyzer.simplify(row_part(tirx.const(m, "int64"))))
+               for m in range(rows)]
+    if None in offsets:
+        return None
+    count = -(-rows // mr)
+    runs = [all(offsets[m] == offsets[s * mr] + m - s * mr
+                for m in range(s * mr, min(rows, s * mr + mr))) for s in range(count)]
+    if 2 * sum(runs) < count or sum(not r for r in runs) > 8:
+        return None  # rows mostly not consecutive (a padded window), or many images
+    copy = tirx.decl_buffer((count, k, mr), "float32", "a_slivers")
+    s_var = tirx.Var("s", "int64")
+
+    def koff_of(kk):
+        return tirx.BufferLoad(k_offsets, [kk])
+
+    def copy_loop(lanes, source):
+        # fresh loop variables per loop: a variable is bound to one range
+        k_var, l_var = tirx.Var("kk", "int64"), tirx.Var("lane", "int64")
+        value = source(l_var, k_var)
+        if str(value.ty.dtype) != "float32":  # a 16-bit input read as float32
+            value = tirx.Cast("float32", value)
+        body = tirx.BufferStore(copy, value, [s_var, k_var, l_var])
+        return tirx.For(k_var, _I0, tirx.const(k, "int64"), tirx.ForKind.SERIAL, tirx.For(
+            l_var, _I0, tirx.const(lanes, "int64"), tirx.ForKind.SERIAL, body))
+
+    full = rows // mr
+    bounded = sym.Analyzer()
+    bounded.bind(s_var, tvm.ir.Range(_I0, tirx.const(max(full, 1), "int64")))
+    first_row = bounded.simplify(row_part(s_var * mr))  # the runs' offsets: no div/mod left
+
+    def run(lane, kk):  # one run of the input: the sliver's first row plus the lane
+        return tirx.BufferLoad(flat, [first_row + lane + koff_of(kk)])
+
+    def gathered(lane, kk):
+        return tirx.BufferLoad(flat, [row_part(s_var * mr + lane) + koff_of(kk)])
+
+    crossing = [s for s in range(full) if not runs[s]]
+    body = copy_loop(mr, run)
+    for s in crossing:
+        body = tirx.IfThenElse(tirx.NE(s_var, tirx.const(s, "int64")), body,
+                               copy_loop(mr, gathered))
+    stmts = []
+    if full:
+        kind = tirx.ForKind.PARALLEL if cores > 1 and full >= cores else tirx.ForKind.SERIAL
+        stmts.append(tirx.For(s_var, _I0, tirx.const(full, "int64"), kind, body))
+    if rows % mr:
+        first_row = tirx.const(offsets[full * mr], "int64")
+        stmts.append(substitute(copy_loop(rows % mr, run if runs[full] else gathered),
+                                {s_var: tirx.const(full, "int64")}))
+    fill = stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
+    return copy, fill, mr
 
 
 def _row_slivers(x, k) -> bool:

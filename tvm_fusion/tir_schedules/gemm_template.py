@@ -59,6 +59,11 @@ CACHE_LINE = 64
 # Up to this many row tiles a GEMM is bound by streaming B from memory (2·M FLOP per 4 bytes
 # of B: below ~16 rows a 100 GFLOP/s core waits on a 20 GB/s stream).
 STREAM_ROW_TILES = 4
+# Up to this many row tiles (a conv with few output channels) the micro-kernels read a
+# nest-packed B (a conv's im2col) from its source in place instead of packing it per block:
+# Zen 4, one thread, MobileNetV2's stem 3×3/2 3→32 at 224 0.30 → 0.24 ms, its 1×1 144→24 at
+# 56 0.254 → 0.204, YOLOv8n's 3×3/2 16→32 at 160 0.75 → 0.62 (docs/benchmarks.md).
+IN_PLACE_ROW_TILES = 2
 
 # A load of A at (row, k).
 LoadA = Callable[[tvm.ir.Expr, tvm.ir.Expr], tvm.ir.Expr]
@@ -375,6 +380,8 @@ class _Emitter:
                         self.row_tails(kv, panels_from + jr, cols, base, count, load_b))))
                 return _seq(out)
 
+            if packed is not None and self._in_place():
+                return nests(lambda panel, k, c: gathered(panel, k, c))
             if packed is not None:
                 return _seq([tirx.AllocBuffer(packed), pack, nests(b_at)])
             if not self.g.widened or self.streaming is True:
@@ -385,6 +392,17 @@ class _Emitter:
         if isinstance(self.k_blocks, int) and self.k_blocks == 1:
             return over_k(None)
         return _loop("kc", self.k_blocks, over_k)
+
+    def _in_place(self) -> bool:
+        """B read by the micro-kernel where its packing would read it (``src[panel's offset +
+        k_offsets[k] + lane]``: NR consecutive floats per k), not packed first: with at most
+        ``IN_PLACE_ROW_TILES`` row tiles each packed value is read by one or two micro-kernels,
+        and its copy (a load and a store per value, beside 2·MR / lanes FMAs per vector read)
+        costs more than reading the source again. Not through the per-column table (a gather
+        per value, paid once packed)."""
+        rows = self.g.rows if isinstance(self.g.rows, int) else const_int(self.g.rows)
+        return (self.gather is not None and not self.per_column and rows is not None
+                and rows <= IN_PLACE_ROW_TILES * self.b.mr)
 
     def staged(self, panels_from, panels_count, kv, nests) -> tirx.Stmt:
         """The block's B (``panels_count`` panels × the K block) converted once into a float32

@@ -73,7 +73,8 @@ from .grouping import primitive_callees
 from .plan_fusion import ModulePlan, PlanFusion, apply_plan
 from .rejection import Rejection, RejectReason
 
-__all__ = ["FusionGuard", "GuardDecision", "MemoryDecision", "judge_kernel", "whole_kept_buffers"]
+__all__ = ["FusionGuard", "GuardDecision", "MemoryDecision", "judge_kernel", "scattered_rewrites",
+           "whole_kept_buffers"]
 
 # A fused kernel may cost this much more than its parts before it is split: the estimate counts
 # scalar operations, and a schedule adds a little (partial sums, tile remainders).
@@ -133,10 +134,22 @@ def whole_kept_buffers(fused: tirx.PrimFunc) -> dict[str, tuple[tuple[int, ...],
     return whole
 
 
+def scattered_rewrites(func: tirx.PrimFunc) -> tuple[int, int, int]:
+    """``(stores, elements, rewrites)`` of ``func``'s scattered write-back
+    (:func:`~tvm_fusion.tir_schedules.work.scattered_stores`): ``rewrites`` are the stores
+    beyond one per element, each moving a cache line again."""
+    stores, elements = scattered_stores(func, CACHE_LINE_BYTES)
+    return stores, elements, max(stores - elements, 0)
+
+
 def judge_kernel(fused: tirx.PrimFunc, parts: list[tirx.PrimFunc], flops_per_byte: float,
-                 margin: float = DEFAULT_MARGIN) -> tuple[bool, float, float, str]:
+                 margin: float = DEFAULT_MARGIN,
+                 scheduled_parts: list[tirx.PrimFunc] | None = None
+                 ) -> tuple[bool, float, float, str]:
     """``(loses, fused cost, apart cost, detail)`` for a scheduled fused kernel and its parts'
-    PrimFuncs (one per call, so a part called twice counts twice)."""
+    PrimFuncs (one per call, so a part called twice counts twice). ``scheduled_parts``: the
+    parts as the split would schedule them, one kernel each; their own scattered write-backs
+    stay after a split and are not charged to the fusion (without them: none assumed)."""
     mine = executed_work(fused)
     apart = [executed_work(p) for p in parts]
     ops_apart = sum(w.ops for w in apart) or 1
@@ -145,9 +158,13 @@ def judge_kernel(fused: tirx.PrimFunc, parts: list[tirx.PrimFunc], flops_per_byt
     # K-blocked tile's partial sums) moves a line each further time. Apart, the tile stores
     # contiguously and a copy kernel changes the layout once: the split trades those extra
     # lines for the intermediate's round trip (written, read back), the rest being equal. The
-    # op counts above cannot see this: a packed GEMM's micro-kernel is opaque to them.
-    stores, elements = scattered_stores(fused, CACHE_LINE_BYTES)
-    rewrites = max(stores - elements, 0)
+    # op counts above cannot see this: a packed GEMM's micro-kernel is opaque to them. A part
+    # that scatters on its own (an NCHW conv GEMM whose tile runs along the channels, K-blocked)
+    # keeps doing so apart: only the rewrites beyond the parts' own count against the fusion
+    # (EfficientNet-B0's 1x1 conv + SiLU at 7x7: 8 rewrites per element fused and alone).
+    stores, elements, rewrites = scattered_rewrites(fused)
+    kept_apart = sum(scattered_rewrites(p)[2] for p in scheduled_parts or ()) if rewrites else 0
+    rewrites = max(rewrites - kept_apart, 0)
     scatter_bytes = CACHE_LINE_BYTES * rewrites
     out = getattr(fused.params[-1].ty, "dtype", "float32") if fused.params else "float32"
     round_trip = 2 * max(tvm.DataType(str(out)).bits // 8, 1) * elements
@@ -164,6 +181,10 @@ def judge_kernel(fused: tirx.PrimFunc, parts: list[tirx.PrimFunc], flops_per_byt
                    f"{CACHE_LINE_BYTES}-B line into {elements:,} elements "
                    f"({stores / max(elements, 1):.1f}x each: {scatter_bytes:,} B of lines "
                    f"vs {round_trip:,} B for the intermediate apart)")
+    elif kept_apart:
+        detail += (f"; scattered write-back: {stores:,} stores of one element per "
+                   f"{CACHE_LINE_BYTES}-B line into {elements:,} elements, as many as its "
+                   f"parts apart ({kept_apart:,} rewrites): none charged to the fusion")
     recomputed = sorted(recomputed_blocks(fused), key=lambda r: -r[1])
     if recomputed:
         detail += "; recomputed: " + ", ".join(f"{name!r} {factor:.1f}x its iterations"
@@ -231,12 +252,15 @@ class FusionGuard:
 
     def _judge(self, grouped: tvm.IRModule, built: tvm.IRModule) -> list[GuardDecision]:
         decisions = []
+        cache: dict[str, tirx.PrimFunc] = {}
         for name, callees, fused in _fused_kernels(grouped, built):
             parts = [grouped[c] for c in callees]
             if not all(isinstance(p, tirx.PrimFunc) for p in parts):
                 continue
+            scheduled = (self._scheduled_parts(grouped, callees, cache)
+                         if scattered_rewrites(fused)[2] else None)
             loses, mine, apart, detail = judge_kernel(fused, parts, self.flops_per_byte,
-                                                      self.margin)
+                                                      self.margin, scheduled)
             measured = self._measured(fused, parts)
             if measured is not None:
                 mine, apart = measured
@@ -259,6 +283,17 @@ class FusionGuard:
                                                     nbytes))
                     break  # one split per kernel and round
         return decisions
+
+    def _scheduled_parts(self, grouped: tvm.IRModule, callees, cache: dict
+                         ) -> list[tirx.PrimFunc]:
+        """The parts of a kernel scheduled as the split would schedule them, one kernel each
+        (``cache``: by name, a part shared by several kernels is scheduled once)."""
+        todo = {c: grouped[c] for c in callees if c not in cache}
+        if todo:
+            mod = tvm.IRModule({tvm.ir.GlobalVar(c): f for c, f in todo.items()})
+            done = self._schedule(mod)
+            cache.update({c: done[c] for c in todo})
+        return [cache[c] for c in callees]
 
     def _measured(self, fused, parts):
         times = getattr(self.oracle, "guard_times", None)

@@ -347,9 +347,19 @@ def test_stride2_window_padding_is_written_in_split_layout(kind, channels, size,
         assert not split, "an odd padded width has no even/odd split"
         return
     assert split, schedule_notes(mod)
+    notes = schedule_notes(mod)
     for func, buf in split:
         writers = [b for b in find_all(func.body, tvm.s_tir.SBlock)
                    if [w.source.name for w in b.writes] == [buf]]
+        if f"{buf}: 2 column phases copied deinterleaved" in notes:
+            # rewritten as plain loops (deinterleave.py): one store per phase, indices
+            # without the layout's % 2 and // 2
+            stores = [s for s in find_all(func.body, tvm.tirx.BufferStore)
+                      if s.buffer.name == buf]
+            assert not writers and stores, buf
+            assert not any(find_all(i, (tvm.tirx.FloorMod, tvm.tirx.FloorDiv))
+                           for s in stores for i in s.indices[-2:]), buf
+            continue
         assert writers, buf
         for block in writers:  # iterates (.., row, parity, column): one var per dimension
             assert len(block.iter_vars) == len(block.writes[0].source.shape) == 5, block

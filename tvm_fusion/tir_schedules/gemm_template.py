@@ -603,6 +603,11 @@ def _tile_cost(rows: int, blk: Blocking) -> float:
     return rows * vectors + rows + vectors
 
 
+def _pack_cost(blk: Blocking, packs_b: bool) -> float:
+    """What packing one panel of B costs a (block, range) pair that packs it, in tile work."""
+    return _PACK_ROWS * _tile_cost(1, blk) if packs_b else 0.0
+
+
 def rows_cost(count: int, blk: Blocking) -> float:
     """Work of ``count`` rows of one panel: full tiles of MR rows, then the tail's tiles of
     2^i rows (what :meth:`_Emitter.row_tails` emits), per k step."""
@@ -622,7 +627,7 @@ def grid_shares(n: int, rows: int, blk: Blocking, threads: int, per: int, ranges
     full, tail = divmod(n, blk.nr)
     widths = [min(per, full - b) for b in range(0, full, per)] + ([1] if tail else [])
     counts = [chunk] * (ranges - 1) + [rows - (ranges - 1) * chunk]
-    pack = _PACK_ROWS * _tile_cost(1, blk) if packs_b else 0.0
+    pack = _pack_cost(blk, packs_b)
     weights = [w * (rows_cost(c, blk) + pack) for w in widths for c in counts]
     return thread_shares(weights, threads)
 
@@ -660,13 +665,13 @@ def _grid(n: int, blk: Blocking, cores: int, rows: int, per_block: int,
     blocks = _ceildiv(_ceildiv(full, shared), cores) * cores
     per = -(-full // blocks)
     blocks = -(-full // per)
-    panel = rows_cost(rows, blk) + (_PACK_ROWS * _tile_cost(1, blk) if packs_b else 0.0)
+    panel = rows_cost(rows, blk) + _pack_cost(blk, packs_b)
     weights = [min(per, full - b * per) * panel for b in range(blocks)]
     alone = max(thread_shares(weights, cores))
     split = _tail_rows_split(rows, blk.mr, cores)
     if n % blk.nr and split is not None and blocks % cores == 0:  # the tail's rows shared
-        pack = _PACK_ROWS * _tile_cost(1, blk) if packs_b else 0.0
-        alone += max(rows_cost(split[0], blk), rows_cost(split[1], blk)) + pack
+        alone += max(rows_cost(split[0], blk), rows_cost(split[1], blk)) \
+            + _pack_cost(blk, packs_b)
     elif n % blk.nr:
         alone = min(alone + panel, max(thread_shares(weights + [panel], cores)))
     return best[1] if best[0][0] < _GRID_GAIN * alone else None

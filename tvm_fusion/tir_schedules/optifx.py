@@ -35,7 +35,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from ..tir_utils import find_all, iter_sblocks
-from .analysis import BlockFacts, block_facts, root_block, uses_var
+from .analysis import PRIMITIVE_ERRORS, BlockFacts, block_facts, root_block, uses_var
 from .cpu_target import CpuParams
 from .cpu_tile import (
     WINDOW_REGISTERS,
@@ -186,7 +186,7 @@ def schedule_conv_chain_cpu(sch: s_tir.Schedule, params: CpuParams,
     trial = sch.copy()
     try:
         trial.parallel(tile_loop)
-    except s_tir.ScheduleError as err:
+    except PRIMITIVE_ERRORS as err:
         # TVM's check of the stages in a parallel loop: a stage computed per tile whose halo
         # leaves the map is clipped by a predicate, and a predicated reduction (a 1×1 conv
         # from one channel over a 9-wide map, tiles 1 wide: fuzz seed 6141) is neither a

@@ -154,6 +154,18 @@ def shape_numel(shape) -> int | None:
     return total
 
 
+def with_root_body(func: tirx.PrimFunc, body: tirx.Stmt,
+                   alloc_buffers: list | None = None) -> tirx.PrimFunc:
+    """``func`` (one root block) with the root block's body replaced, everything else of the
+    block kept (its allocations too, unless ``alloc_buffers`` is given)."""
+    realize = func.body
+    root = realize.block
+    allocs = root.alloc_buffers if alloc_buffers is None else alloc_buffers
+    block = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
+                   allocs, root.match_buffers, root.annotations, root.span)
+    return func.with_body(s_tir.SBlockRealize(realize.iter_values, realize.predicate, block))
+
+
 def refresh_access_regions(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """``func`` with every block's read/write regions recomputed from its body.
 

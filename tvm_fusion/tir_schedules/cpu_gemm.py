@@ -46,6 +46,7 @@ from ..tir_utils import (
     find_all,
     iter_sblocks,
     substitute,
+    with_root_body,
 )
 from .analysis import param_names, root_block, stride_in_last_dim, uses_var, written_only_before
 from .cpu_target import CpuParams
@@ -359,10 +360,7 @@ def emit_packed_gemms(func: tirx.PrimFunc, sites: list[GemmSite], params: CpuPar
     used = {ld.source.__chandle__() for ld in buffer_loads(body)}
     used |= {st.buffer.__chandle__() for st in buffer_stores(body)}
     allocs = [b for b in root.alloc_buffers if b.__chandle__() in used]
-    new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
-                      allocs, root.match_buffers, root.annotations, root.span)
-    realize = s_tir.SBlockRealize(func.body.iter_values, func.body.predicate, new_root)
-    return tirx.PrimFunc(func.params, realize, func.ret_type, func.attrs), notes
+    return with_root_body(func, body, allocs), notes
 
 
 def _packing_stage(match: PackedGemm | None, stmts: list) -> SBlock | None:
@@ -602,10 +600,13 @@ def _sliver_copy(gather, k_offsets: tirx.Buffer, rows: int | None, k: int, mr: i
     full = rows // mr
     bounded = sym.Analyzer()
     bounded.bind(s_var, tvm.ir.Range(_I0, tirx.const(max(full, 1), "int64")))
-    first_row = bounded.simplify(row_part(s_var * mr))  # the runs' offsets: no div/mod left
+    def run_from(first_row):
+        def run(lane, kk):  # one run of the input: the sliver's first row plus the lane
+            return tirx.BufferLoad(flat, [first_row + lane + koff_of(kk)])
+        return run
 
-    def run(lane, kk):  # one run of the input: the sliver's first row plus the lane
-        return tirx.BufferLoad(flat, [first_row + lane + koff_of(kk)])
+    # a full sliver's first row, simplified with s in its range: no div/mod left
+    run = run_from(bounded.simplify(row_part(s_var * mr)))
 
     def gathered(lane, kk):
         return tirx.BufferLoad(flat, [row_part(s_var * mr + lane) + koff_of(kk)])
@@ -619,9 +620,9 @@ def _sliver_copy(gather, k_offsets: tirx.Buffer, rows: int | None, k: int, mr: i
     if full:
         kind = tirx.ForKind.PARALLEL if cores > 1 and full >= cores else tirx.ForKind.SERIAL
         stmts.append(tirx.For(s_var, _I0, tirx.const(full, "int64"), kind, body))
-    if rows % mr:
-        first_row = tirx.const(offsets[full * mr], "int64")
-        stmts.append(substitute(copy_loop(rows % mr, run if runs[full] else gathered),
+    if rows % mr:  # the last sliver: its rows only
+        tail_run = run_from(tirx.const(offsets[full * mr], "int64"))
+        stmts.append(substitute(copy_loop(rows % mr, tail_run if runs[full] else gathered),
                                 {s_var: tirx.const(full, "int64")}))
     fill = stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
     return copy, fill, mr

@@ -23,9 +23,9 @@ from __future__ import annotations
 import tvm
 from tvm import sym, tirx
 from tvm.ir.expr import TensorLoad
-from tvm.s_tir import SBlock, SBlockRealize
+from tvm.s_tir import SBlockRealize
 
-from ..tir_utils import const_int, substitute
+from ..tir_utils import const_int, substitute, with_root_body
 from .analysis import uses_any
 
 
@@ -200,11 +200,7 @@ def deinterleave_in_func(func: tirx.PrimFunc, lanes: int) -> tuple[tirx.PrimFunc
     realize = func.body
     if not isinstance(realize, SBlockRealize):
         return func, []
-    root = realize.block
-    body, notes = deinterleave_phase_paddings(root.body, lanes)
+    body, notes = deinterleave_phase_paddings(realize.block.body, lanes)
     if not notes:
         return func, []
-    new_root = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
-                      root.alloc_buffers, root.match_buffers, root.annotations, root.span)
-    new = SBlockRealize(realize.iter_values, realize.predicate, new_root)
-    return tirx.PrimFunc(func.params, new, func.ret_type, func.attrs), notes
+    return with_root_body(func, body), notes

@@ -14,7 +14,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
-from ..tir_utils import find_all
+from ..tir_utils import find_all, with_root_body
 
 _ITER_REDUCE = 2
 
@@ -53,7 +53,4 @@ def hoist_independent_stages(func: tirx.PrimFunc) -> tirx.PrimFunc:
         placed.add(pick)
     if order == list(range(len(stages))):
         return func
-    block = SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
-                   tirx.SeqStmt([stages[i] for i in order]), root.init, root.alloc_buffers,
-                   root.match_buffers, root.annotations)
-    return func.with_body(SBlockRealize(realize.iter_values, realize.predicate, block))
+    return with_root_body(func, tirx.SeqStmt([stages[i] for i in order]))
